@@ -57,15 +57,16 @@ def test_build_update_report(T, L, seed):
     for _ in range(5):
         cols = rng.integers(0, L, size=rng.integers(1, 6))
         P = rng.integers(-6, 7, size=(T, cols.shape[0])).astype(float)
-        counts = _maxtree.count_all(V, inner, off, 1.0)
-        _maxtree.set_columns(V, inner, off, cols, P, 1.0, counts)
+        _maxtree.set_columns(V, inner, off, cols, P)
         for k, c in enumerate(cols):  # sequential semantics: last write wins
             V_ref_col = P[:, k]
             last = np.flatnonzero(cols == c)[-1]
             if k == last:
                 np.testing.assert_array_equal(V[:, c], V_ref_col)
         _check_invariant(V, inner, off)
-        np.testing.assert_array_equal(counts, (V >= 1.0).sum(axis=1))
+        np.testing.assert_array_equal(
+            _maxtree.count_all(V, inner, off, 1.0), (V >= 1.0).sum(axis=1)
+        )
         for tau in (-5.0, 0.0, 1.0, 4.0, 7.0):
             for t in range(T):
                 np.testing.assert_array_equal(
@@ -77,7 +78,7 @@ def test_decreasing_max_leaf_is_forgotten():
     """The paper's ``max(parent, leaf)`` update would keep 9 as the maximum."""
     V = np.array([[1.0, 9.0, 2.0] + [0.0] * 40])
     off, inner = _tree(V)
-    _maxtree.set_columns(V, inner, off, np.array([1]), np.array([[-3.0]]), 0.0, np.empty(0, np.int64))
+    _maxtree.set_columns(V, inner, off, np.array([1]), np.array([[-3.0]]))
     assert inner[0, off[-2]] == 2.0
     assert _maxtree.query_row(V, inner, off, 0, 5.0).size == 0
 

@@ -106,65 +106,75 @@ def _fix_path(v, node, off, leaf):
 
 
 @njit(cache=True, parallel=True)
-def set_columns(V, inner, off, cols, P, tau, counts):
+def set_columns(V, inner, off, cols, P):
     """Set leaf ``cols[k]`` of every tree ``t`` to ``P[t, k]`` and fix the paths.
 
-    Repeated columns are applied in order (the last one wins).  When ``counts``
-    is non-empty, ``counts[t]`` (the number of leaves ``>= tau`` in tree ``t``)
-    is kept up to date.  O(T * len(cols) * BRANCH * depth).
+    Repeated columns are applied in order (the last one wins).
+    O(T * len(cols) * BRANCH * depth).
     """
-    track = counts.shape[0] > 0
     for t in prange(V.shape[0]):
         v = V[t]
         node = inner[t]
         for k in range(cols.shape[0]):
             c = cols[k]
             new = P[t, k]
-            old = v[c]
-            if new == old:
-                continue
-            if track:
-                counts[t] += np.int64(new >= tau) - np.int64(old >= tau)
-            v[c] = new
-            _fix_path(v, node, off, c)
+            if new != v[c]:
+                v[c] = new
+                _fix_path(v, node, off, c)
 
 
 @njit(cache=True)
-def report_row(v, node, off, tau, out, pos, write, tree):
-    """Walk one tree and emit every leaf index ``j`` with ``v[j] >= tau``.
+def report_row(v, node, off, tau, out, pos, stop, tree):
+    """Emit every leaf index ``j`` of one tree with ``v[j] >= tau``, in increasing order.
 
-    Indices are written in increasing order to ``out[pos:, -1]`` (and ``tree``
-    to ``out[pos:, 0]`` when ``out`` has two columns) if ``write`` is true.
-    Returns the position after the last emitted index.
+    Level by level from the root, the children ``>= tau`` of the current
+    frontier are appended (branch-free) to the next frontier.  If ``out`` is
+    non-empty, leaf ``j`` is written to ``out[pos, -1]`` (and ``tree`` to
+    ``out[pos, 0]`` when ``out`` has two columns), never at or past ``stop``;
+    otherwise the leaves are only counted.  Returns the position after the
+    last reported leaf.
     """
     n_leaves = v.shape[0]
     h = off.shape[0] - 1
-    pairs = out.shape[1] == 2
-    cur = np.empty(h, dtype=np.int64)
-    end = np.empty(h, dtype=np.int64)
-    lvl = h - 1
-    cur[lvl] = 0
-    end[lvl] = 1
-    while lvl < h:
-        c = cur[lvl]
-        if c == end[lvl]:
-            lvl += 1
-            continue
-        cur[lvl] = c + 1
-        if node[off[lvl] + c] >= tau:
-            lo = c * BRANCH
-            if lvl == 0:
-                for j in range(lo, min(lo + BRANCH, n_leaves)):
-                    if v[j] >= tau:
-                        if write:
-                            if pairs:
-                                out[pos, 0] = tree
-                            out[pos, out.shape[1] - 1] = j
-                        pos += 1
-            else:
-                lvl -= 1
-                cur[lvl] = lo
-                end[lvl] = min(lo + BRANCH, off[lvl + 1] - off[lvl])
+    if node[off[h - 1]] < tau:
+        return pos
+    # A level never has more than off[1] nodes; +BRANCH for the unconditional
+    # store of the branch-free append.
+    cap = off[1] + BRANCH
+    cur = np.empty(cap, dtype=np.int64)
+    nxt = np.empty(cap, dtype=np.int64)
+    cur[0] = 0
+    n_cur = 1
+    for lvl in range(h - 1, 0, -1):
+        base = off[lvl - 1]
+        n_child = off[lvl] - base
+        n_nxt = 0
+        for f in range(n_cur):
+            lo = cur[f] * BRANCH
+            for c in range(lo, min(lo + BRANCH, n_child)):
+                nxt[n_nxt] = c
+                n_nxt += node[base + c] >= tau
+        cur, nxt = nxt, cur
+        n_cur = n_nxt
+    write = out.shape[0] > 0
+    col = out.shape[1] - 1
+    for f in range(n_cur):
+        lo = cur[f] * BRANCH
+        hi = min(lo + BRANCH, n_leaves)
+        if not write:
+            for j in range(lo, hi):
+                pos += v[j] >= tau
+        elif pos + BRANCH <= stop:  # room for unconditional stores
+            for j in range(lo, hi):
+                out[pos, 0] = tree
+                out[pos, col] = j
+                pos += v[j] >= tau
+        else:
+            for j in range(lo, hi):
+                if v[j] >= tau:
+                    out[pos, 0] = tree
+                    out[pos, col] = j
+                    pos += 1
     return pos
 
 
@@ -174,7 +184,7 @@ def count_all(V, inner, off, tau):
     counts = np.empty(V.shape[0], dtype=np.int64)
     dummy = np.empty((0, 1), dtype=np.int64)
     for t in prange(V.shape[0]):
-        counts[t] = report_row(V[t], inner[t], off, tau, dummy, 0, False, t)
+        counts[t] = report_row(V[t], inner[t], off, tau, dummy, 0, 0, t)
     return counts
 
 
@@ -182,14 +192,14 @@ def count_all(V, inner, off, tau):
 def fill_all(V, inner, off, tau, indptr, out):
     """Write the leaves ``>= tau`` of tree ``t`` to ``out[indptr[t]:indptr[t + 1]]``."""
     for t in prange(V.shape[0]):
-        report_row(V[t], inner[t], off, tau, out, indptr[t], True, t)
+        report_row(V[t], inner[t], off, tau, out, indptr[t], indptr[t + 1], t)
 
 
 @njit(cache=True)
 def query_row(V, inner, off, t, tau):
     """Sorted int64 array of the leaves ``>= tau`` of tree ``t``."""
     dummy = np.empty((0, 1), dtype=np.int64)
-    k = report_row(V[t], inner[t], off, tau, dummy, 0, False, t)
+    k = report_row(V[t], inner[t], off, tau, dummy, 0, 0, t)
     out = np.empty((k, 1), dtype=np.int64)
-    report_row(V[t], inner[t], off, tau, out, 0, True, t)
+    report_row(V[t], inner[t], off, tau, out, 0, k, t)
     return out[:, 0]

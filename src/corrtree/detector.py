@@ -6,17 +6,19 @@ import math
 
 import numpy as np
 
-from . import _maxtree
+from . import _bittree
 from ._validation import (
+    as_matrix,
     as_vector,
     check_index,
     check_indices,
+    check_memory,
     check_positive_int,
     check_real,
     check_rows,
+    check_shape_2d,
     readonly,
 )
-from .trees import CorrelationDTree
 
 __all__ = ["FiringDetector", "TooManyFiring"]
 
@@ -59,10 +61,17 @@ class FiringDetector:
 
     Notes
     -----
-    Built on a :class:`~corrtree.CorrelationDTree` (one max tree per ``x_i``)
-    plus the number of firing leaves of every tree, kept exact on every
-    update.  Init O(nmd); update O(n·(d + log m)) per row; query
-    O(n) to detect an overflow, else O(|Q|) output-sensitive.
+    This is the Correlation DTree specialised to its one threshold: tree
+    ``i`` is a max tree over the indicators ``[<x_i, y_j> >= b]``, whose
+    internal nodes are therefore ORs, stored as 64-ary bit trees
+    (:mod:`corrtree._bittree`; ``n·m/8`` bytes in all, not the ``8·n·m`` of
+    the products).  An update computes the ``n`` new products of ``y_j``
+    (one GEMM for a batch) and touches the tree paths of the pairs whose
+    indicator changes.  The number of firing pairs of each ``x_i`` is kept
+    exact, so an overflow is detected in O(n).
+
+    Init O(nmd) (blocked GEMM); update O(n·d) per row plus O(log_64 m) per
+    changed pair; query O(n + |Q|·log_64 m).
 
     Examples
     --------
@@ -77,30 +86,48 @@ class FiringDetector:
     [[0, 0]]
     """
 
+    _BLOCK = 8192  # columns of products computed per GEMM at init (a multiple of 64)
+
     def __init__(
         self, X: np.ndarray, Y: np.ndarray, b: float, limit: int | str | None = "auto"
     ) -> None:
         b = check_real("b", b)
-        self._tree = CorrelationDTree(X, Y, _names=("X", "Y"))
-        n, m = self._tree.n, self._tree.m
+        n, d = check_shape_2d("X", X)
+        m, d_y = check_shape_2d("Y", Y)
+        if d_y != d:
+            raise ValueError(f"Y has {d_y} columns but X has d={d}")
         if limit == "auto":
             self._limit: int | None = math.ceil(m**0.8 * n)
         elif limit is None:
             self._limit = None
         else:
             self._limit = check_positive_int("limit", limit, minimum=0)
+        off = _bittree.level_offsets(m)
+        block = min(m, self._BLOCK)
+        check_memory(
+            8.0 * ((n + m) * d + n * int(off[-1]) + n * block),
+            f"FiringDetector(n={n}, m={m}, d={d})",
+        )
+        self._X = as_matrix("X", X)
+        self._Y = as_matrix("Y", Y)
         self._b = b
-        self._counts = _maxtree.count_all(self._tree._V, self._tree._inner, self._tree._off, b)
+        self._off = off
+        self._bits = np.zeros((n, int(off[-1])), dtype=np.uint64)
+        self._counts = np.zeros(n, dtype=np.int64)
+        for c0 in range(0, m, block):
+            P = np.dot(self._X, self._Y[c0 : c0 + block].T)
+            _bittree.pack(P, b, self._bits, c0, self._counts)
+        _bittree.build_summaries(self._bits, off)
 
     @property
     def X(self) -> np.ndarray:
         """Fixed points, shape ``(n, d)`` (read-only)."""
-        return self._tree.X
+        return readonly(self._X)
 
     @property
     def Y(self) -> np.ndarray:
         """Current dynamic points, shape ``(m, d)`` (read-only)."""
-        return self._tree.W
+        return readonly(self._Y)
 
     @property
     def b(self) -> float:
@@ -115,17 +142,22 @@ class FiringDetector:
     @property
     def n(self) -> int:
         """Number of fixed points."""
-        return self._tree.n
+        return self._X.shape[0]
 
     @property
     def m(self) -> int:
         """Number of dynamic points."""
-        return self._tree.m
+        return self._Y.shape[0]
 
     @property
     def d(self) -> int:
         """Dimension."""
-        return self._tree.d
+        return self._X.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the bit trees and the per-point counts."""
+        return self._bits.nbytes + self._counts.nbytes
 
     @property
     def counts(self) -> np.ndarray:
@@ -136,8 +168,11 @@ class FiringDetector:
         """``|Q|``, the number of firing pairs, in O(n)."""
         return int(self._counts.sum())
 
+    def __repr__(self) -> str:
+        return f"FiringDetector(n={self.n}, m={self.m}, d={self.d}, b={self.b!r})"
+
     def update(self, j: int, z: np.ndarray) -> None:
-        """Set ``y_j`` to ``z``.  O(n·(d + BRANCH·log_B m))."""
+        """Set ``y_j`` to ``z``.  O(n·d + changed pairs · log_64 m)."""
         j = check_index("j", j, self.m)
         z = as_vector("z", z, self.d)
         self._apply(np.array([j], dtype=np.int64), z[None, :])
@@ -150,7 +185,10 @@ class FiringDetector:
             self._apply(js, Z)
 
     def _apply(self, js: np.ndarray, Z: np.ndarray) -> None:
-        self._tree._apply(js, Z, self._b, self._counts)
+        for j, z in zip(js, Z, strict=True):  # in order: the last row of a repeated j wins
+            self._Y[j] = z
+        P = np.dot(self._X, Z.T)
+        _bittree.apply_columns(self._bits, self._off, js, P, self._b, self._counts)
 
     def query(self) -> np.ndarray:
         """Every firing pair, as an int64 array of shape ``(|Q|, 2)`` sorted lexicographically.
@@ -162,13 +200,11 @@ class FiringDetector:
             time, before any pair is reported.
         """
         counts = self._counts
-        if self._limit is not None:
-            total = int(counts.sum())
-            if total > self._limit:
-                raise TooManyFiring(self._limit, total)
+        total = int(counts.sum())
+        if self._limit is not None and total > self._limit:
+            raise TooManyFiring(self._limit, total)
         indptr = np.zeros(counts.shape[0] + 1, dtype=np.int64)
         np.cumsum(counts, out=indptr[1:])
-        out = np.empty((int(indptr[-1]), 2), dtype=np.int64)
-        tree = self._tree
-        _maxtree.fill_all(tree._V, tree._inner, tree._off, self._b, indptr, out)
+        out = np.empty((total, 2), dtype=np.int64)
+        _bittree.fill_pairs(self._bits, self._off, indptr, out)
         return out

@@ -26,9 +26,6 @@ from ._validation import (
 
 __all__ = ["CorrelationDTree", "CorrelationWTree"]
 
-_NO_COUNTS = np.empty(0, dtype=np.int64)
-
-
 def _last_occurrence(rs: np.ndarray) -> np.ndarray:
     """Positions of the last occurrence of each distinct value of ``rs``."""
     _, first_in_reversed = np.unique(rs[::-1], return_index=True)
@@ -40,20 +37,19 @@ class _CorrelationTrees:
 
     _per_data_point: bool  # True: one tree per x_i (DTree); False: one per w_r (WTree)
 
-    def __init__(self, X: np.ndarray, W: np.ndarray, *, _names: tuple[str, str] = ("X", "W")):
-        x_name, w_name = _names
-        n, d = check_shape_2d(x_name, X)
-        m, d_w = check_shape_2d(w_name, W)
+    def __init__(self, X: np.ndarray, W: np.ndarray) -> None:
+        n, d = check_shape_2d("X", X)
+        m, d_w = check_shape_2d("W", W)
         if d_w != d:
-            raise ValueError(f"{w_name} has {d_w} columns but {x_name} has d={d}")
+            raise ValueError(f"W has {d_w} columns but X has d={d}")
         n_trees, n_leaves = (n, m) if self._per_data_point else (m, n)
         off = _maxtree.level_offsets(n_leaves)
         check_memory(
             8.0 * ((n + m) * d + n_trees * (n_leaves + int(off[-1]))),
             f"{type(self).__name__}(n={n}, m={m}, d={d})",
         )
-        self._X = as_matrix(x_name, X)
-        self._W = as_matrix(w_name, W)
+        self._X = as_matrix("X", X)
+        self._W = as_matrix("W", W)
         self._off = off
         self._V = np.empty((n_trees, n_leaves), dtype=np.float64)
         if self._per_data_point:
@@ -145,6 +141,13 @@ class _CorrelationTrees:
             self._apply(rs, Z)
 
     def _apply(self, rs: np.ndarray, Z: np.ndarray) -> None:
+        """Update weights ``rs`` to ``Z`` (trusted input), in chunks whose new
+        products take at most ~256 MiB."""
+        chunk = max(1, (256 * 2**20) // (8 * self.n))
+        for s in range(0, rs.shape[0], chunk):
+            self._apply_chunk(rs[s : s + chunk], Z[s : s + chunk])
+
+    def _apply_chunk(self, rs: np.ndarray, Z: np.ndarray) -> None:
         raise NotImplementedError
 
 
@@ -190,14 +193,11 @@ class CorrelationDTree(_CorrelationTrees):
         """``max_r <w_r, x_i>`` in O(1)."""
         return self._tree_max(check_index("i", i, self.n))
 
-    def _apply(
-        self, rs: np.ndarray, Z: np.ndarray, tau: float = 0.0, counts: np.ndarray = _NO_COUNTS
-    ) -> None:
-        # ``counts`` (one per tree, of the leaves >= tau) is kept exact when given.
+    def _apply_chunk(self, rs: np.ndarray, Z: np.ndarray) -> None:
         keep = _last_occurrence(rs)
         self._W[rs[keep]] = Z[keep]
         P = np.dot(self._X, Z.T)
-        _maxtree.set_columns(self._V, self._inner, self._off, rs, P, tau, counts)
+        _maxtree.set_columns(self._V, self._inner, self._off, rs, P)
 
 
 class CorrelationWTree(_CorrelationTrees):
@@ -237,7 +237,7 @@ class CorrelationWTree(_CorrelationTrees):
         """``max_i <w_r, x_i>`` in O(1)."""
         return self._tree_max(check_index("r", r, self.m))
 
-    def _apply(self, rs: np.ndarray, Z: np.ndarray) -> None:
+    def _apply_chunk(self, rs: np.ndarray, Z: np.ndarray) -> None:
         keep = _last_occurrence(rs)
         rows, Z = rs[keep], Z[keep]
         self._W[rows] = Z

@@ -1,0 +1,55 @@
+"""Atomic file writes: a temporary file in the same folder, then ``os.replace``."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["atomic_savez", "atomic_write_json", "atomic_write_text"]
+
+
+def _atomic(path: str | os.PathLike, write) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    return _atomic(path, lambda fh: fh.write(text.encode("utf-8")))
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+    """Write ``obj`` as indented JSON to ``path`` atomically."""
+    return atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
+
+
+def atomic_savez(path: str | os.PathLike, **arrays: np.ndarray) -> Path:
+    """Save arrays to an uncompressed ``.npz`` file atomically (no pickled objects)."""
+    return _atomic(path, lambda fh: np.savez(fh, **arrays))
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")

@@ -1,0 +1,1 @@
+"""Benchmark suites (run with ``corrtree bench`` or ``benchmarks/bench_*.py``)."""

@@ -1,0 +1,128 @@
+"""Timing, memory and reporting helpers shared by the benchmark suites."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import platform
+import resource
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._io import atomic_write_json
+
+__all__ = [
+    "in_child",
+    "machine_info",
+    "median_time",
+    "peak_rss_bytes",
+    "print_table",
+    "rss_bytes",
+    "save_result",
+    "slope",
+]
+
+
+def machine_info() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    import numba
+    import scipy
+
+    mem = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem / 2**30, 1),
+        "python": sys.version.split()[0],
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+        "scipy": scipy.__version__,
+        "numba_threads": numba.get_num_threads(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def median_time(fn: Callable[[], Any], repeat: int = 5, warmup: int = 1) -> tuple[float, list]:
+    """Median wall time of ``fn()`` over ``repeat`` runs (after ``warmup`` runs)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)), times
+
+
+def rss_bytes() -> int:
+    """Current resident set size of this process."""
+    with open("/proc/self/statm", encoding="ascii") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _child_entry(queue, func, args):
+    try:
+        queue.put(("ok", func(*args)))
+    except BaseException as exc:  # report any failure to the parent
+        queue.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def in_child(func: Callable[..., Any], *args: Any) -> Any:
+    """Run ``func(*args)`` in a fresh process (so its peak RSS is its own)."""
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child_entry, args=(queue, func, args))
+    proc.start()
+    status, value = queue.get()
+    proc.join()
+    if status != "ok":
+        raise RuntimeError(f"benchmark child failed: {value}")
+    return value
+
+
+def slope(x: Sequence[float], y: Sequence[float]) -> float:
+    """Least-squares slope of log(y) against log(x)."""
+    return float(np.polyfit(np.log(np.asarray(x, float)), np.log(np.asarray(y, float)), 1)[0])
+
+
+def save_result(out_dir: str | os.PathLike, name: str, payload: dict[str, Any]) -> Path:
+    """Write ``payload`` plus the machine description to ``out_dir/name.json``."""
+    payload = {"benchmark": name, "machine": machine_info(), **payload}
+    return atomic_write_json(Path(out_dir) / f"{name}.json", payload)
+
+
+def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Print (and return) a plain-text table."""
+
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return str(v)
+
+    cells = [[fmt(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[k]) for r in cells)) for k, h in enumerate(header)]
+    lines = [title, "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    text = "\n".join(lines)
+    print(text, flush=True)
+    return text

@@ -1,0 +1,149 @@
+"""Per-iteration record of a training run."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .._io import atomic_write_json, atomic_write_text
+
+__all__ = ["History"]
+
+# Per-iteration columns, in the order of ``History.to_csv``.
+COLUMNS = (
+    "loss",
+    "fired_pairs",
+    "moved_neurons",
+    "flips",
+    "time_query",
+    "time_forward",
+    "time_backward",
+    "time_update",
+    "band_pairs",
+    "reanchored",
+)
+
+
+@dataclass
+class History:
+    """What happened at every iteration ``t`` of gradient descent.
+
+    Attributes
+    ----------
+    method : str
+        The method that ran (``"auto"`` is resolved to the method it chose).
+    lr : float
+        The learning rate used.
+    n, m, d, outputs : int
+        Problem size.
+    b : float
+        Threshold of the model.
+    preprocess_time : float
+        Seconds spent before the first iteration (products, trees, ``lr="auto"``).
+    loss : list of float
+        ``L(W(t))`` for ``t = 0 .. T-1``.
+    final_loss : float
+        ``L(W(T))`` after the last step.
+    fired_pairs : list of int
+        ``Σ_i k_{i,t}``, the pairs ``(r, i)`` with ``<w_r(t), x_i> >= b``.
+    moved_neurons : list of int
+        ``|∪_i S_{i,fire}(t)|``, neurons that fire on some point (only they move).
+    flips : list of int
+        Pairs whose firing state differs between ``W(t-1)`` and ``W(t)`` (0 at ``t = 0``).
+    time_query, time_forward, time_backward, time_update : list of float
+        Wall time of the iteration's phases, in seconds.
+    band_pairs : list of int
+        Lazy and kernel methods: pairs whose exact product is tracked
+        (candidates inside the drift band); 0 for the other methods.
+    reanchored : list of int
+        Lazy and kernel methods: neurons re-anchored at that iteration.
+    info : dict
+        Method-specific details (the cost model's choice, block sizes, ...).
+    """
+
+    method: str
+    lr: float
+    n: int
+    m: int
+    d: int
+    outputs: int
+    b: float
+    preprocess_time: float = 0.0
+    final_loss: float = math.nan
+    loss: list[float] = field(default_factory=list)
+    fired_pairs: list[int] = field(default_factory=list)
+    moved_neurons: list[int] = field(default_factory=list)
+    flips: list[int] = field(default_factory=list)
+    time_query: list[float] = field(default_factory=list)
+    time_forward: list[float] = field(default_factory=list)
+    time_backward: list[float] = field(default_factory=list)
+    time_update: list[float] = field(default_factory=list)
+    band_pairs: list[int] = field(default_factory=list)
+    reanchored: list[int] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.loss)
+
+    def append(self, **row: Any) -> None:
+        """Record one iteration; every column of :data:`COLUMNS` must be given."""
+        missing = set(COLUMNS) - set(row)
+        if missing:
+            raise ValueError(f"missing columns {sorted(missing)}")
+        for name in COLUMNS:
+            getattr(self, name).append(row[name])
+
+    @property
+    def iteration_times(self) -> np.ndarray:
+        """Total wall time of each iteration (sum of its phases), seconds."""
+        return (
+            np.asarray(self.time_query)
+            + np.asarray(self.time_forward)
+            + np.asarray(self.time_backward)
+            + np.asarray(self.time_update)
+        )
+
+    @property
+    def total_time(self) -> float:
+        """Preprocessing plus every iteration, seconds."""
+        return self.preprocess_time + float(self.iteration_times.sum())
+
+    def as_dict(self) -> dict[str, Any]:
+        """Everything as plain Python values (JSON-ready)."""
+        out = {
+            k: getattr(self, k)
+            for k in ("method", "lr", "n", "m", "d", "outputs", "b", "preprocess_time",
+                      "final_loss")
+        }
+        out.update({k: list(getattr(self, k)) for k in COLUMNS})
+        out["info"] = dict(self.info)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> History:
+        """Inverse of :meth:`as_dict`."""
+        scalars = {k: data[k] for k in ("method", "lr", "n", "m", "d", "outputs", "b")}
+        hist = cls(**scalars, preprocess_time=data.get("preprocess_time", 0.0),
+                   final_loss=data.get("final_loss", math.nan), info=dict(data.get("info", {})))
+        for k in COLUMNS:
+            getattr(hist, k).extend(data.get(k, []))
+        return hist
+
+    def to_json(self, path: str | os.PathLike) -> None:
+        """Write :meth:`as_dict` to ``path`` atomically."""
+        atomic_write_json(path, self.as_dict())
+
+    def to_csv(self, path: str | os.PathLike) -> None:
+        """One row per iteration (``iteration`` plus :data:`COLUMNS`), written atomically."""
+        buf = io.StringIO()
+        writer = csv.writer(buf)
+        writer.writerow(("iteration", *COLUMNS))
+        for t in range(len(self)):
+            writer.writerow((t, *(getattr(self, k)[t] for k in COLUMNS)))
+        atomic_write_text(path, buf.getvalue())

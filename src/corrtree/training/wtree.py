@@ -1,0 +1,71 @@
+"""The paper's TrainingWithProcessData: gradient descent on a Correlation WTree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..trees import CorrelationWTree
+from ._base import Trainer
+from ._sparse import apply_sparse_gradient, count_changed, outputs_from_products, transpose_csr
+
+__all__ = ["WTreeTrainer"]
+
+
+class WTreeTrainer(Trainer):
+    """Algorithm TrainingWithProcessData of the paper.
+
+    Preprocessing builds a :class:`~corrtree.CorrelationWTree` and queries
+    every neuron at ``b`` for ``S̃_r``, from which ``S_i`` follows.  Every
+    iteration: forward and gradient on the fired pairs (products read from the
+    tree), then for every neuron ``r`` that moved: remove ``r`` from ``S_i``
+    for ``i ∈ S̃_r``, update its tree (one batched ``update_many``: a GEMM of
+    |moved|×d×n), query it again at ``b``, and add ``r`` to ``S_i`` for the
+    new ``S̃_r``.  Every neuron of any ``S_i`` has moved, so the removals
+    empty every ``S_i`` and the additions rebuild them: both are done at once
+    by transposing the new ``S̃`` (a counting sort, O(n + Σ_r k̃_r)).  A
+    neuron that did not move has an empty ``S̃_r`` before and after.
+    """
+
+    name = "wtree"
+
+    def __init__(self, model, X, Y, G) -> None:
+        super().__init__(model, X, Y, G)
+        self.tree = CorrelationWTree(X, model._W)
+        with self.timer("query"):
+            self.fire_r = self.tree.query_all(self.b)  # S̃_r
+            self.fire_i = transpose_csr(*self.fire_r, X.shape[0])  # S_i
+        self.prev_fire_r: tuple[np.ndarray, np.ndarray] | None = None
+
+    def initial_fire_sets(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.fire_r
+
+    def _outputs(self) -> np.ndarray:
+        with self.timer("forward"):
+            return outputs_from_products(*self.fire_i, self.tree._V, False, self.a, self.b,
+                                         self.scale)
+
+    def step(self) -> dict[str, Any]:
+        err, loss = self._loss(self._outputs())
+        indptr, idx = self.fire_r
+        flips = 0 if self.prev_fire_r is None else count_changed(*self.prev_fire_r, indptr, idx)
+        with self.timer("backward"):
+            moved = apply_sparse_gradient(self.tree._W, indptr, idx, self.X, self.a, err,
+                                          self.lr * self.scale)
+        with self.timer("update"):
+            self.tree._apply(moved, self.tree._W[moved])
+        with self.timer("query"):
+            self.prev_fire_r = self.fire_r
+            self.fire_r = self.tree.query_all(self.b)
+            self.fire_i = transpose_csr(*self.fire_r, self.X.shape[0])
+        return {"loss": loss, "fired_pairs": int(idx.shape[0]), "moved_neurons": len(moved),
+                "flips": flips, "band_pairs": 0, "reanchored": 0, **self.timer.pop()}
+
+    def final_loss(self) -> float:
+        loss = self._loss(self._outputs())[1]
+        self.timer.pop()
+        return loss
+
+    def finish(self) -> None:
+        self.model._W[...] = self.tree._W
