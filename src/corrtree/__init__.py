@@ -7,7 +7,7 @@ import os as _os
 # only takes effect if numpy was not imported before corrtree.
 _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
-from . import datasets
+from . import datasets, theory
 from .detector import FiringDetector, TooManyFiring
 from .model import TwoLayerReLU, default_threshold
 from .training import METHODS, History, TrainingDiverged, train
@@ -26,6 +26,7 @@ __all__ = [
     "TwoLayerReLU",
     "__version__",
     "datasets",
+    "theory",
     "default_threshold",
     "train",
 ]

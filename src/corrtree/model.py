@@ -158,9 +158,11 @@ class TwoLayerReLU:
             raise ValueError(f"{name} has {d} columns but the model has d={self.d}")
         return as_matrix(name, X)
 
+    _BLOCK_BYTES = 256 * 2**20  # products computed at once by predict / loss / fire_counts
+
     def _blocks(self, n: int):
-        """Neuron blocks whose products (block × n float64) take at most ~256 MiB."""
-        block = max(1, min(self.m, (256 * 2**20) // (8 * n)))
+        """Neuron blocks whose products (block × n float64) take at most ``_BLOCK_BYTES``."""
+        block = max(1, min(self.m, self._BLOCK_BYTES // (8 * n)))
         return range(0, self.m, block), block
 
     def _forward(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -82,7 +82,7 @@ def lambda_max(
     """Largest eigenvalue of the NTK matrix ``H`` of the given fire sets.
 
     Up to order 2048 ``H`` is formed and LAPACK gives the eigenvalue; beyond,
-    Lanczos (ARPACK, fixed start vector) runs on the sparse matvec.  The
+    Lanczos (ARPACK, a fixed random start vector) runs on the sparse matvec.  The
     result is deterministic for given inputs.
     """
     n, K = G.shape[0], a.shape[1]
@@ -98,6 +98,9 @@ def lambda_max(
         return _ntk_matvec(indptr_r, idx_r, indptr_i, idx_i, G, a, m, v.reshape(n, K)).ravel()
 
     op = scipy.sparse.linalg.LinearOperator((n * K, n * K), matvec=matvec, dtype=np.float64)
-    val = scipy.sparse.linalg.eigsh(op, k=1, which="LA", v0=np.ones(n * K), tol=1e-10,
+    # A fixed generic start vector: deterministic, and not confined to an
+    # invariant subspace the way a constant vector can be.
+    v0 = np.random.default_rng(0).standard_normal(n * K)
+    val = scipy.sparse.linalg.eigsh(op, k=1, which="LA", v0=v0, tol=1e-12,
                                     return_eigenvectors=False)
     return float(val[0])

@@ -161,7 +161,7 @@ def train(
         growing = growing + 1 if t and loss > hist.loss[t - 1] > 1e-20 * hist.loss[0] else 0
         if growing >= patience:
             raise TrainingDiverged(
-                f"loss grew {patience} iterations in a row, to {loss:.6g} at iteration {t}, "
+                f"loss grew {patience} iterations in a row, to {loss:.6g}, at iteration {t} "
                 f"with lr={trainer.lr:.6g}; use a smaller lr"
             )
         if callback is not None and callback(t, hist) is False:
