@@ -17,6 +17,7 @@ from .costs import estimate, fire_share
 from .dense import DenseTrainer
 from .dtree import DTreeTrainer
 from .history import History
+from .lazy import LazyTrainer
 from .wtree import WTreeTrainer
 
 __all__ = ["METHODS", "TrainingDiverged", "train"]
@@ -25,6 +26,7 @@ TRAINERS: dict[str, type[Trainer]] = {
     "dense": DenseTrainer,
     "dtree": DTreeTrainer,
     "wtree": WTreeTrainer,
+    "lazy": LazyTrainer,
 }
 METHODS = ("auto", *TRAINERS)
 

@@ -48,4 +48,8 @@ def estimate(method: str, n: int, m: int, d: int, K: int, iters: int, q: float) 
         update = gemm * moved / m + n * moved / STREAM_OPS
         query = pairs * TREE_VISITS / SPARSE_OPS + m / SPARSE_OPS
         return gemm + n * m / STREAM_OPS + iters * (query + sparse_grad + update)
+    if method == "lazy":
+        k = q * n  # fired points per neuron
+        per_iter = moved * (k * k + 2 * k * (k + 1) + k * K) / SPARSE_OPS
+        return gemm + n * m / STREAM_OPS + n * n * d / BLAS_FLOPS + iters * per_iter
     raise ValueError(f"no cost model for method {method!r}")
