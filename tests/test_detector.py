@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from naive import firing_pairs
 
 import corrtree as ct
-from naive import firing_pairs
 
 
 @given(st.integers(1, 20), st.integers(1, 40), st.integers(1, 3), st.integers(0, 2**32 - 1))

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from naive import at_least
 
 from corrtree import _maxtree
-from naive import at_least
 
 
 def _tree(V):

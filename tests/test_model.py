@@ -5,9 +5,9 @@ import os
 
 import numpy as np
 import pytest
+from naive import relu_net_outputs
 
 import corrtree as ct
-from naive import relu_net_outputs
 
 
 def test_default_threshold_formula():

@@ -4,9 +4,9 @@ import numpy as np
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from naive import at_least, firing_pairs
 
 import corrtree as ct
-from naive import at_least, firing_pairs
 
 SIZES = st.sampled_from([1, 2, 3, 5, 16, 17, 31, 258])
 ENTRY = st.integers(-3, 3)

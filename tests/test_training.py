@@ -5,10 +5,10 @@ import math
 
 import numpy as np
 import pytest
+from naive import gradient_descent
 
 import corrtree as ct
 from corrtree.training import _ntk
-from naive import gradient_descent
 
 EXACT_METHODS = ["dense", "dtree", "wtree"]
 

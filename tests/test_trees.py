@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from naive import at_least, dtree_query, wtree_query
 
 import corrtree as ct
-from naive import at_least, dtree_query, wtree_query
 
 TREES = [ct.CorrelationDTree, ct.CorrelationWTree]
 

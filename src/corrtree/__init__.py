@@ -26,7 +26,7 @@ __all__ = [
     "TwoLayerReLU",
     "__version__",
     "datasets",
-    "theory",
     "default_threshold",
+    "theory",
     "train",
 ]

@@ -13,17 +13,17 @@ import os
 import numpy as np
 
 __all__ = [
-    "as_vector",
-    "check_rows",
-    "readonly",
     "as_matrix",
+    "as_vector",
     "available_memory",
     "check_index",
     "check_indices",
     "check_memory",
     "check_positive_int",
     "check_real",
+    "check_rows",
     "check_shape_2d",
+    "readonly",
 ]
 
 

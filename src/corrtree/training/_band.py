@@ -42,11 +42,12 @@ from numba import njit, prange, types
 from numba.typed import List
 
 from .. import _maxtree
+from .._prefetch import prefetch2d
 
 # columns of the per-neuron integer table ``seg``
 START, CNT, CAP, SUPP, NFIRE = range(5)
 # columns of the per-neuron float table ``nf``
-DRIFT, DRIFT_ANCHOR, MINKEY, BETA, LEAF_ERR, KEY, SIGMA = range(7)
+DRIFT, MINKEY, BETA, LEAF_ERR, KEY, SIGMA = range(6)
 
 _U32 = 2.0**-24  # unit roundoff of float32
 
@@ -67,6 +68,7 @@ class Pool:
         ("kappa", np.float64),  # coefficient (see module docstring)
         ("cref", np.float64),  # coefficient at the anchor
         ("fire", np.bool_),  # firing now
+        ("clast", np.float64),  # coefficient at the neuron's last evaluation
     )
 
     def __init__(self, capacity: int) -> None:
@@ -112,7 +114,7 @@ def _dot_row(a, r, E, j):
 @njit(cache=True)
 def _supp_deltas(r, seg, pool, a, E, eta_s, dc):
     """``dc[p] = C_p(t) - C_p(t_a)`` for the ever-fired entries of neuron ``r``."""
-    ej, _, _, _, kappa, cref, fire = pool
+    ej, _, _, _, kappa, cref, fire = pool[:7]
     s0 = seg[r, START]
     for p in range(seg[r, SUPP]):
         q = s0 + p
@@ -168,19 +170,167 @@ def update_sigma(rows, seg, nf, pool, G):
 
 
 @njit(cache=True)
-def _drift_since_anchor(r, seg, pool, G, dc):
-    """``||w_r(t) - w_r(t_a)|| = sqrt(dcᵀ G dc)`` over the ever-fired entries."""
-    ej = pool[0]
+def prefetch_block(r, seg, ej, G):
+    """Ask for the ``G[P, P]`` entries (upper triangle) of neuron ``r`` ahead of use."""
+    t0 = seg[r, START]
+    t1 = t0 + seg[r, SUPP]
+    for q in range(t0, t1):
+        for q2 in range(q, t1):
+            prefetch2d(G, ej[q], ej[q2])
+
+
+@njit(cache=True, inline="always")
+def _safe_norm(sq, l1, gmax):
+    """``sqrt`` of a computed quadratic form ``cᵀ G c``, enlarged to cover its rounding
+    (at most ~ (number of terms)·2^-53·(Σ|c|)²·max G, far below 1e-13 of that)."""
+    return math.sqrt(max(sq, 0.0) + 1e-13 * l1 * l1 * gmax) * (1.0 + 1e-12)
+
+
+@njit(cache=True)
+def eval_ever(r, seg, pool, scratch, a, E, G, eta_s, want_step):
+    """Exact current values of the ever-fired pairs ``P`` of neuron ``r``.
+
+    With ``C`` their coefficients now, ``dc = C - cref`` (since the anchor,
+    kept in ``scratch[0]``): ``val[P] = uref[P] - G[P, P] dc``, reading each
+    ``G[p, q]`` once (``|P|(|P|+1)/2`` reads).  Returns bounds on
+    ``||w_r(t) - w_r(anchor)||`` and, if ``want_step``, on
+    ``||w_r(t) - w_r(last evaluation)||`` (from ``dl = C - clast``; ``clast``
+    becomes ``C``; only kept up to date by callers that want the step), else
+    0: the quadratic forms ``dcᵀ G dc``, ``dlᵀ G dl`` plus their rounding.
+    """
+    ej, uref, val, _, kappa, cref, fire, clast = pool
+    dc, dl = scratch[0], scratch[1]
+    s0 = seg[r, START]
+    end = s0 + seg[r, SUPP]
+    l1_a = 0.0
+    l1_s = 0.0
+    for q in range(s0, end):
+        c = kappa[q]
+        if fire[q]:
+            c += eta_s * _dot_row(a, r, E, ej[q])
+        dc[q] = c - cref[q]
+        val[q] = uref[q]
+        l1_a += abs(dc[q])
+        if want_step:
+            dl[q] = c - clast[q]
+            clast[q] = c
+            l1_s += abs(dl[q])
+    sq_s = 0.0
+    gmax = 0.0
+    for q in range(s0, end):
+        jp = ej[q]
+        dp = dc[q]
+        g = G[jp, jp]
+        gmax = max(gmax, g)
+        ap = g * dp
+        if want_step:
+            lp = dl[q]
+            sq_s += g * lp * lp
+            for q2 in range(q + 1, end):
+                g = G[jp, ej[q2]]
+                ap += g * dc[q2]
+                val[q2] -= g * dp
+                sq_s += 2.0 * g * lp * dl[q2]
+        else:
+            for q2 in range(q + 1, end):
+                g = G[jp, ej[q2]]
+                ap += g * dc[q2]
+                val[q2] -= g * dp
+        val[q] -= ap
+    sq_a = 0.0  # dcᵀ G dc = Σ_p dc_p (uref_p - val_p)
+    for q in range(s0, end):
+        sq_a += dc[q] * (uref[q] - val[q])
+    step = _safe_norm(sq_s, l1_s, gmax) if want_step else 0.0
+    return _safe_norm(sq_a, l1_a, gmax), step
+
+
+@njit(cache=True)
+def evaluate_neuron(r, seg, nf, pool, scratch, a, E, err, G, xnorm, eta_s, b, cert,
+                    f_j, f_v, f_on, fpos):
+    """Evaluate the pairs of neuron ``r`` that may have changed side, and flip them.
+
+    The drift ``D_r = nf[r, DRIFT]`` grows by (``cert`` times) a bound on the
+    distance ``w_r`` moved since its last evaluation: the exact one from
+    :func:`eval_ever`, or, when ``err`` (the error of the step just taken,
+    the neuron's last evaluation being just before it) is non-empty, the
+    cheaper ``(η/sqrt m)·σ_r·||(a_r·err_l)_{l fires}||``.  For a pair last
+    evaluated at drift ``D`` with value ``v``, ``|U - v| <= (D_r - D)·||x_j||``.
+    A pair outside the ever-fired prefix is evaluated only once ``D_r``
+    reaches its key ``D + |v - b|/||x_j||`` (keys and their minimum
+    ``nf[r, MINKEY]`` are refreshed); the ever-fired pairs, which hold every
+    firing pair, are always evaluated.  Flips are applied to the pool and, if
+    ``f_j`` is non-empty, recorded from ``fpos`` on as ``(j, value, on)``, and
+    ``σ_r`` is recomputed.  Returns ``(fpos + #flips, bound on
+    ||w_r - w_r(anchor)||)``.
+    """
+    ej, uref, val, key, _, _, fire = pool[:7]
+    record = f_j.shape[0] > 0
+    first = fpos
     s0 = seg[r, START]
     ns = seg[r, SUPP]
-    acc = 0.0
-    for p in range(ns):
-        jp = ej[s0 + p]
-        row = 0.0
-        for q in range(ns):
-            row += G[jp, ej[s0 + q]] * dc[q]
-        acc += dc[p] * row
-    return math.sqrt(max(acc, 0.0))
+    end = s0 + seg[r, CNT]
+    bound_step = err.shape[0] > 0
+    if bound_step:  # fire flags are still those of the step
+        sq = 0.0
+        for q in range(s0, s0 + ns):
+            if fire[q]:
+                e = _dot_row(a, r, err, ej[q])
+                sq += e * e
+        step = eta_s * nf[r, SIGMA] * math.sqrt(sq) * (1.0 + 1e-12)
+    since_anchor, exact_step = eval_ever(r, seg, pool, scratch, a, E, G, eta_s, not bound_step)
+    if not bound_step:
+        step = exact_step
+    drift = nf[r, DRIFT] + cert * step
+    nf[r, DRIFT] = drift
+    for q in range(s0, s0 + ns):  # ever-fired pairs never move in the pool
+        now = val[q] >= b
+        if now != fire[q]:
+            if record:
+                f_j[fpos], f_v[fpos], f_on[fpos] = ej[q], val[q], now
+            fpos += 1
+            _flip(r, q, seg, pool, a, E, eta_s, now)
+    if drift >= nf[r, MINKEY]:  # some other tracked pair may have crossed
+        best = np.inf
+        dc = scratch[0]
+        for q in range(s0 + ns, end):  # increasing order: see _flip
+            if key[q] <= drift:
+                # positions below s0 + ns keep their pairs even after flips
+                val[q] = uref[q] - _gram_sum(G, ej[q], ej, dc, s0, ns)
+                if val[q] >= b:
+                    if record:
+                        f_j[fpos], f_v[fpos], f_on[fpos] = ej[q], val[q], True
+                    fpos += 1
+                    _flip(r, q, seg, pool, a, E, eta_s, True)
+                    continue
+                xn = xnorm[ej[q]]
+                key[q] = drift + (b - val[q]) / xn if xn > 0 else np.inf
+            best = min(best, key[q])
+        nf[r, MINKEY] = best
+    if fpos > first:  # the fire set changed
+        nf[r, SIGMA] = sigma(r, seg, pool, G)
+    return fpos, since_anchor
+
+
+@njit(cache=True)
+def set_keys(r, seg, nf, pool, xnorm, b):
+    """Keys of the tracked pairs of ``r`` outside its ever-fired prefix, and their
+    minimum, from current values (the drift is ``nf[r, DRIFT]``)."""
+    ej, val, key = pool[0], pool[2], pool[3]
+    s0 = seg[r, START]
+    drift = nf[r, DRIFT]
+    best = np.inf
+    for q in range(s0 + seg[r, SUPP], s0 + seg[r, CNT]):
+        xn = xnorm[ej[q]]
+        key[q] = drift + (b - val[q]) / xn if xn > 0 else np.inf
+        best = min(best, key[q])
+    nf[r, MINKEY] = best
+
+
+@njit(cache=True, parallel=True)
+def refresh_keys(rows, seg, nf, pool, xnorm, b):
+    """:func:`set_keys` for every neuron of ``rows``."""
+    for k in prange(rows.shape[0]):
+        set_keys(rows[k], seg, nf, pool, xnorm, b)
 
 
 @njit(cache=True)
@@ -190,16 +340,17 @@ def _flip(r, q, seg, pool, a, E, eta_s, on):
     Turning on: the entry joins the ever-fired prefix if it is not there.
     Returns the (possibly moved) position of the entry.
     """
-    ej, uref, val, key, kappa, cref, fire = pool
+    ej, uref, val, key, kappa, cref, fire, clast = pool
     drive = eta_s * _dot_row(a, r, E, ej[q])
     if on:
+        clast[q] = kappa[q]  # its (frozen) coefficient now
         kappa[q] -= drive
         fire[q] = True
         seg[r, NFIRE] += 1
         dest = seg[r, START] + seg[r, SUPP]
         if q >= dest:  # not yet ever-fired: swap into the prefix
             if q != dest:
-                for arr in (uref, val, key, kappa, cref):
+                for arr in (uref, val, key, kappa, cref, clast):
                     arr[q], arr[dest] = arr[dest], arr[q]
                 ej[q], ej[dest] = ej[dest], ej[q]
                 fire[q], fire[dest] = fire[dest], fire[q]
@@ -215,7 +366,7 @@ def _flip(r, q, seg, pool, a, E, eta_s, on):
 @njit(cache=True, parallel=True)
 def materialize(W, X, seg, pool, a, E, eta_s):
     """``W[r] -= Σ_l C_rl x_l`` over the ever-fired pairs (W holds ``W(0)``)."""
-    ej, _, _, _, kappa, _, fire = pool
+    ej, _, _, _, kappa, _, fire = pool[:7]
     d = X.shape[1]
     for r in prange(seg.shape[0]):
         s0 = seg[r, START]
@@ -292,7 +443,7 @@ def fill_new_anchors(V, inner, off, rows, tau, leaf_err, exact, seg, pool, b):
     ``exact[k]`` is the exact anchored row of ``rows[k]``; segments must
     already be placed with enough capacity.
     """
-    ej, uref, val, key, kappa, cref, fire = pool
+    ej, uref, val, key, kappa, cref, fire, clast = pool
     for k in prange(rows.shape[0]):
         r = rows[k]
         thr = _query_threshold(tau[k], leaf_err[r])
@@ -319,6 +470,7 @@ def fill_new_anchors(V, inner, off, rows, tau, leaf_err, exact, seg, pool, b):
             key[q] = 0.0
             kappa[q] = 0.0
             cref[q] = 0.0
+            clast[q] = 0.0
             fire[q] = v >= b
         seg[r, CNT] = cnt
         seg[r, SUPP] = nf
@@ -330,22 +482,12 @@ def fill_new_anchors(V, inner, off, rows, tau, leaf_err, exact, seg, pool, b):
 # ---------------------------------------------------------------------------
 
 
-@njit(cache=True, parallel=True)
-def _exact_rows_from_w(W, X, rows, out):
-    """``out[k] = W[rows[k]] Xᵀ`` in float64 (used after a float32 GEMM)."""
-    n, d = X.shape
-    for k in prange(rows.shape[0]):
-        w = W[rows[k]]
-        for j in range(n):
-            s = 0.0
-            for c in range(d):
-                s += w[c] * X[j, c]
-            out[k, j] = s
-
-
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, fastmath={"reassoc", "contract"})
 def _exact_entries_from_w(W, X, rows, seg, pool):
-    """Recompute ``uref`` and ``val`` of the entries of ``rows`` as float64 dot products."""
+    """Recompute ``uref`` and ``val`` of the entries of ``rows`` as float64 dot products.
+
+    (Reassociated, i.e. vectorized, sums: float64 accuracy like any GEMM's.)
+    """
     ej, uref, val = pool[0], pool[1], pool[2]
     d = X.shape[1]
     for k in prange(rows.shape[0]):
@@ -363,7 +505,7 @@ def _exact_entries_from_w(W, X, rows, seg, pool):
 @njit(cache=True, parallel=True)
 def _reorder_after_exact(rows, seg, pool, b):
     """After exact values changed, put firing entries first and set the flags."""
-    ej, uref, val, key, kappa, cref, fire = pool
+    ej, uref, val, key, kappa, cref, fire, clast = pool
     for k in prange(rows.shape[0]):
         r = rows[k]
         s0 = seg[r, START]
@@ -424,7 +566,7 @@ class BandState:
         self.V = np.empty((m, n), dtype=self.anchor_dtype)
         self.inner = np.empty((m, int(self.off[-1])), dtype=self.anchor_dtype)
         self.seg = np.zeros((m, 5), dtype=np.int64)
-        self.nf = np.zeros((m, 7))
+        self.nf = np.zeros((m, 6))
         self.nf[:, BETA] = self.band
         self.pool = Pool(m * 8)
         gemm32 = np.dtype(gemm_dtype) == np.float32
@@ -439,13 +581,16 @@ class BandState:
         for s in range(0, m, block):
             rows = np.arange(s, min(s + block, m), dtype=np.int64)
             if gemm32:
-                U = (W0[s : s + block].astype(np.float32) @ X32.T).astype(np.float64)
+                U = W0[s : s + block].astype(np.float32) @ X32.T
             else:
                 U = W0[s : s + block] @ X.T
             self.V[s : s + block] = U
             _maxtree.build(self.V[s : s + block], self.inner[s : s + block], self.off)
             counts = count_candidates(self.V, self.inner, self.off, rows, tau_all[rows],
                                       self.nf[:, LEAF_ERR])
+            if s == 0:  # size the pool from the first block, with a margin
+                self.pool.reserve(int(1.3 * (counts.sum() + 4 * rows.shape[0]) * m
+                                      / rows.shape[0]))
             self._place(rows, counts)
             fill_new_anchors(self.V, self.inner, self.off, rows, tau_all[rows],
                              self.nf[:, LEAF_ERR], U, self.seg, self.pool.arrays, self.b)
@@ -506,9 +651,7 @@ class BandState:
             exact[from_anchor] = self.V[part[from_anchor]]
             if not from_anchor.all():
                 sub = np.flatnonzero(~from_anchor)
-                rows_w = np.empty((sub.shape[0], self.n))
-                _exact_rows_from_w(self.W0, self.X, part[sub], rows_w)
-                exact[sub] = rows_w
+                exact[sub] = self.W0[part[sub]] @ self.X.T
             _gram_rows(part, exact, self.seg, self.pool.arrays, self.a, self.E, self.eta_s,
                        self.G, from_anchor)
             _maxtree.set_rows(self.V, self.inner, self.off, part, exact.astype(self.V.dtype))
@@ -537,7 +680,7 @@ def _gram_rows(rows, out, seg, pool, a, E, eta_s, G, from_anchor):
     ``out[k]`` holds the anchored row (``from_anchor[k]``): subtract
     ``Σ_l (C_l - cref_l) G[l]``; or ``W0[r] Xᵀ``: subtract ``Σ_l C_l G[l]``.
     """
-    ej, _, _, _, kappa, cref, fire = pool
+    ej, _, _, _, kappa, cref, fire = pool[:7]
     n = out.shape[1]
     for k in prange(rows.shape[0]):
         r = rows[k]
@@ -578,7 +721,7 @@ def _rebuild_entries(rows, old, exact, tau, V, inner, off, leaf_err, seg, pool, 
     threshold.  A pair whose exact value disagrees with its firing flag is
     flipped here.  Returns the flips as ``(r, j, value, on)`` arrays.
     """
-    ej, uref, val, key, kappa, cref, fire = pool
+    ej, uref, val, key, kappa, cref, fire, clast = pool
     n = exact.shape[1]
     out_r = List.empty_list(types.int64)
     out_j = List.empty_list(types.int64)
@@ -607,6 +750,7 @@ def _rebuild_entries(rows, old, exact, tau, V, inner, off, leaf_err, seg, pool, 
             key[pos] = 0.0
             kappa[pos] = keep_kappa[p]
             cref[pos] = c
+            clast[pos] = c
             fire[pos] = keep_fire[p]
             nfire += keep_fire[p]
             mark[j] = r
@@ -623,6 +767,7 @@ def _rebuild_entries(rows, old, exact, tau, V, inner, off, leaf_err, seg, pool, 
             key[pos] = 0.0
             kappa[pos] = 0.0
             cref[pos] = 0.0
+            clast[pos] = 0.0
             fire[pos] = False
             pos += 1
         seg[r, CNT] = pos - s0

@@ -67,6 +67,10 @@ class Trainer:
         """r-major CSR ``(indptr, idx)`` of the fire sets of ``W(0)``."""
         raise NotImplementedError
 
+    def ntk(self) -> np.ndarray | None:
+        """The NTK matrix of ``W(0)`` if the method forms it (else ``None``)."""
+        return None
+
     def step(self) -> dict[str, Any]:
         """One gradient step; returns the History row of the iteration."""
         raise NotImplementedError

@@ -77,19 +77,22 @@ def ntk_matrix(indptr_r: np.ndarray, idx_r: np.ndarray, G: np.ndarray, a: np.nda
 
 
 def lambda_max(
-    indptr_r: np.ndarray, idx_r: np.ndarray, G: np.ndarray, a: np.ndarray
+    indptr_r: np.ndarray, idx_r: np.ndarray, G: np.ndarray, a: np.ndarray,
+    H: np.ndarray | None = None,
 ) -> float:
     """Largest eigenvalue of the NTK matrix ``H`` of the given fire sets.
 
-    Up to order 2048 ``H`` is formed and LAPACK gives the eigenvalue; beyond,
-    Lanczos (ARPACK, a fixed random start vector) runs on the sparse matvec.  The
-    result is deterministic for given inputs.
+    Up to order 2048 ``H`` is formed (or taken from ``H``, which must be
+    :func:`ntk_matrix` of the same fire sets) and LAPACK gives the eigenvalue;
+    beyond, Lanczos (ARPACK, a fixed random start vector) runs on the sparse
+    matvec.  The result is deterministic for given inputs.
     """
     n, K = G.shape[0], a.shape[1]
     if idx_r.shape[0] == 0:
         return 0.0
     if n * K <= _DENSE_LIMIT:
-        H = ntk_matrix(indptr_r, idx_r, G, a)
+        if H is None:
+            H = ntk_matrix(indptr_r, idx_r, G, a)
         return float(scipy.linalg.eigvalsh(H, subset_by_index=[n * K - 1, n * K - 1])[0])
     indptr_i, idx_i = transpose_csr(indptr_r, idx_r, n)
     m = float(a.shape[0])

@@ -17,6 +17,7 @@ from .costs import estimate, fire_share
 from .dense import DenseTrainer
 from .dtree import DTreeTrainer
 from .history import History
+from .kernel import KernelTrainer
 from .lazy import LazyTrainer
 from .wtree import WTreeTrainer
 
@@ -27,6 +28,7 @@ TRAINERS: dict[str, type[Trainer]] = {
     "dtree": DTreeTrainer,
     "wtree": WTreeTrainer,
     "lazy": LazyTrainer,
+    "kernel": KernelTrainer,
 }
 METHODS = ("auto", *TRAINERS)
 
@@ -56,7 +58,7 @@ def _check_iters(iters: object) -> int:
 def auto_lr(trainer: Trainer) -> float:
     """``1 / λ_max(H(0))``, the NTK matrix of the initial fire sets (see :mod:`._ntk`)."""
     indptr, idx = trainer.initial_fire_sets()
-    lam = lambda_max(indptr, idx, trainer.G, trainer.a)
+    lam = lambda_max(indptr, idx, trainer.G, trainer.a, trainer.ntk())
     if not lam > 0:
         raise ValueError(
             "lr='auto' needs at least one firing pair (no neuron fires on the data at "

@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.stats import norm
 
+from .._validation import available_memory
+
 __all__ = ["BLAS_FLOPS", "SPARSE_OPS", "estimate", "fire_share"]
 
 BLAS_FLOPS = 5e10  # float64 GEMM, flop/s
@@ -52,4 +54,11 @@ def estimate(method: str, n: int, m: int, d: int, K: int, iters: int, q: float) 
         k = q * n  # fired points per neuron
         per_iter = moved * (k * k + 2 * k * (k + 1) + k * K) / SPARSE_OPS
         return gemm + n * m / STREAM_OPS + n * n * d / BLAS_FLOPS + iters * per_iter
+    if method == "kernel":
+        k = q * n
+        if 8.0 * (n * K) ** 2 > 0.5 * available_memory():
+            return float("inf")  # the NTK matrix does not fit
+        pre = gemm / 2 + m * k * d * 2 / BLAS_FLOPS + m * k * k * K * K / SPARSE_OPS
+        per_iter = 2 * (n * K) ** 2 / BLAS_FLOPS * 10 + 0.05 * moved * k * k / SPARSE_OPS
+        return pre + n * m / STREAM_OPS + n * n * d / BLAS_FLOPS + iters * per_iter
     raise ValueError(f"no cost model for method {method!r}")

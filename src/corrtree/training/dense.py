@@ -14,12 +14,12 @@ __all__ = ["DenseTrainer"]
 
 
 def auto_block(m: int, n: int, d: int, K: int) -> int:
-    """Neurons per block so that a block's arrays take at most ~1/4 of free memory (≤ 6 GiB).
+    """Neurons per block so that a block's buffers take at most ~1/4 of free memory (≤ 6 GiB).
 
-    Per neuron a block holds the products and the coefficients (8n bytes
-    each), the fire mask (n bytes) and the gradient (8d bytes).
+    Per neuron a block holds the products, reused for the coefficients (8n
+    bytes), the fire mask (n bytes) and the gradient (8d bytes).
     """
-    per_neuron = 17 * n + 8 * d + 8 * K
+    per_neuron = 9 * n + 8 * d + 8 * K
     budget = min(6 * 2**30, available_memory() // 4)
     return int(max(64, min(m, budget // per_neuron)))
 
@@ -29,12 +29,12 @@ class DenseTrainer(Trainer):
 
     Per iteration and block of neurons: ``U = W_blk Xᵀ`` (GEMM), the fire mask
     ``U >= b``, the outputs; then the coefficients ``C = mask ∘ (a_blk errᵀ)``
-    and ``W_blk -= lr/sqrt(m) · C X`` (GEMM).  Θ(nmd) per iteration; memory
-    O(block·n) beyond W (plus the fired pairs, O(Σ_i k_i), for the
-    statistics).  With a single block (the default when a block of all m
-    neurons fits in a quarter of the free memory) the backward pass reuses
-    the forward pass's fire mask: two GEMMs per iteration; with several
-    blocks it recomputes the products: three.
+    and ``W_blk -= lr/sqrt(m) · C X`` (GEMM), all in preallocated buffers.
+    Θ(nmd) per iteration; memory O(block·(n + d)) beyond W (plus the fired
+    pairs, O(Σ_i k_i), for the statistics).  With a single block (the default
+    when a block of all m neurons fits in a quarter of the free memory) the
+    backward pass reuses the forward pass's fire mask: two GEMMs per
+    iteration; with several blocks it recomputes the products: three.
     """
 
     name = "dense"
@@ -46,14 +46,20 @@ class DenseTrainer(Trainer):
         self.block = auto_block(self.m, n, d, self.a.shape[1]) if block == "auto" else int(block)
         if self.block < 1:
             raise ValueError(f"block must be >= 1, got {block}")
+        self.block = min(self.block, self.m)
         self.info["block"] = self.block
+        self.U = np.empty((self.block, n))  # products, then coefficients
+        self.M = np.empty((self.block, n), dtype=np.bool_)  # fire mask
+        self.grad = np.empty((self.block, d))
         self.prev_fire: tuple[np.ndarray, np.ndarray] | None = None
-        self.kept: np.ndarray | None = None
         self._forward()
 
     def _products(self, s: int) -> tuple[np.ndarray, np.ndarray]:
-        U = self.W[s : s + self.block] @ self.X.T
-        return U, U >= self.b
+        blk = self.W[s : s + self.block]
+        U, M = self.U[: blk.shape[0]], self.M[: blk.shape[0]]
+        np.dot(blk, self.X.T, out=U)
+        np.greater_equal(U, self.b, out=M)
+        return U, M
 
     def _forward(self) -> None:
         """Outputs, fire sets (sorted pair keys ``r·n + i``) of the current W."""
@@ -66,9 +72,7 @@ class DenseTrainer(Trainer):
             with self.timer("query"):
                 keys.append(np.flatnonzero(M) + s * n)
             with self.timer("forward"):
-                if self.block >= self.m:
-                    self.kept = M  # one block: the backward pass reuses the fire mask
-                U -= self.b
+                np.subtract(U, self.b, out=U)
                 np.maximum(U, 0.0, out=U)
                 u += U.T @ self.a[s : s + self.block]
         with self.timer("query"):
@@ -83,16 +87,20 @@ class DenseTrainer(Trainer):
         indptr, idx = self.fire
         flips = 0 if self.prev_fire is None else count_changed(*self.prev_fire, indptr, idx)
         c = self.lr * self.scale
+        single = self.block >= self.m  # the mask of the forward pass is still in self.M
         for s in range(0, self.m, self.block):
             with self.timer("backward"):
-                M = self.kept if self.kept is not None else self._products(s)[1]
-                C = self.a[s : s + self.block] @ err.T
-                C *= M
-                grad = C @ self.X
+                if single:
+                    C, M = self.U, self.M
+                else:
+                    C, M = self._products(s)
+                np.dot(self.a[s : s + self.block], err.T, out=C)
+                np.multiply(C, M, out=C)
+                grad = self.grad[: C.shape[0]]
+                np.dot(C, self.X, out=grad)
             with self.timer("update"):
                 grad *= c
                 self.W[s : s + self.block] -= grad
-        self.kept = None
         row = {"loss": loss, "fired_pairs": int(idx.shape[0]),
                "moved_neurons": int(np.count_nonzero(np.diff(indptr))), "flips": flips,
                "band_pairs": 0, "reanchored": 0}
