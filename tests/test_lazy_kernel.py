@@ -1,0 +1,120 @@
+"""The lazy and kernel trainers reproduce dense gradient descent exactly."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+import corrtree as ct
+
+FAST = ["lazy", "kernel"]
+
+
+def _problem(n, m, d, outputs, seed, b_scale=1.0):
+    ds = ct.datasets.sphere(n=n, d=d, outputs=outputs, seed=seed)
+    model = ct.TwoLayerReLU.init(d=d, m=m, outputs=outputs, seed=seed + 1)
+    model = ct.TwoLayerReLU(model.W, model.a, model.b * b_scale)
+    return ds.X_train, ds.y_train, model
+
+
+def _run(model0, X, y, method, **kw):
+    model = ct.TwoLayerReLU(model0.W, model0.a, model0.b)
+    hist = ct.train(model, X, y, method=method, **kw)
+    return hist, model.W.copy()
+
+
+def assert_same_trajectory(hist, W, ref_hist, ref_W):
+    """Loss at every iteration and final W as dense's (float64, 1e-9 relative)."""
+    loss, ref = np.asarray(hist.loss), np.asarray(ref_hist.loss)
+    assert loss.shape == ref.shape
+    np.testing.assert_allclose(loss, ref, rtol=1e-9, atol=1e-12 * ref[0])
+    assert np.linalg.norm(W - ref_W) <= 1e-9 * np.linalg.norm(ref_W)
+    assert hist.fired_pairs == ref_hist.fired_pairs
+    assert hist.flips == ref_hist.flips
+
+
+@pytest.mark.parametrize("method", FAST)
+@pytest.mark.parametrize(
+    ("n", "m", "d", "outputs", "seed"),
+    [(1, 3, 2, 1, 0), (30, 500, 8, 1, 1), (120, 3000, 24, 1, 2), (40, 800, 12, 3, 3)],
+)
+def test_same_trajectory_as_dense(method, n, m, d, outputs, seed):
+    X, y, model0 = _problem(n, m, d, outputs, seed, b_scale=0.7)
+    ref = _run(model0, X, y, "dense", lr="auto", iters=20)
+    hist, W = _run(model0, X, y, method, lr="auto", iters=20)
+    assert hist.method == method and hist.lr == ref[0].lr
+    assert_same_trajectory(hist, W, *ref)
+
+
+@pytest.mark.parametrize("method", FAST)
+@pytest.mark.parametrize(("band", "anchor", "gemm"), list(itertools.product(
+    [0.05, 3.0], ["float64", "float32"], ["float64", "float32"])))
+def test_options_keep_the_trajectory(method, band, anchor, gemm):
+    """Tiny bands (re-anchoring all the time) or wide ones; float32 storage or GEMM."""
+    X, y, model0 = _problem(80, 1500, 16, 2, 5)
+    ref = _run(model0, X, y, "dense", iters=15)
+    hist, W = _run(model0, X, y, method, iters=15, band=band, anchor_dtype=anchor,
+                   gemm_dtype=gemm)
+    assert_same_trajectory(hist, W, *ref)
+    assert hist.info["anchor_dtype"] == anchor and hist.info["gemm_dtype"] == gemm
+    if band == 0.05:
+        assert sum(hist.reanchored) > 0
+    assert min(hist.band_pairs) >= max(hist.fired_pairs)
+
+
+@pytest.mark.parametrize("method", FAST)
+def test_too_tight_certificate_is_caught(method):
+    """Shrinking the drift bounds on purpose misses crossings: the checks above fail."""
+    X, y, model0 = _problem(60, 1500, 16, 1, 2)
+    ref = _run(model0, X, y, "dense", iters=15)
+    hist, W = _run(model0, X, y, method, iters=15, _certificate_scale=0.3)
+    with pytest.raises(AssertionError):
+        assert_same_trajectory(hist, W, *ref)
+
+
+@pytest.mark.parametrize("method", FAST)
+def test_many_flips_and_none(method):
+    X, y, model0 = _problem(50, 1200, 10, 1, 7)
+    lr = ct.train(ct.TwoLayerReLU(model0.W, model0.a, model0.b), X, y, method="dense",
+                  iters=0).lr
+    for scale in (1.8, 1e-6):  # large steps (flips early) and tiny ones (no flip at all)
+        ref = _run(model0, X, y, "dense", lr=lr * scale, iters=6, patience=6)
+        hist, W = _run(model0, X, y, method, lr=lr * scale, iters=6, patience=6)
+        assert_same_trajectory(hist, W, *ref)
+        if scale > 1:
+            assert sum(ref[0].flips) > 100
+        else:
+            assert sum(ref[0].flips) == 0
+
+
+def test_kernel_outputs_are_the_model_outputs():
+    """The kernel trainer never computes f(x) directly: compare with predict."""
+    X, y, model0 = _problem(40, 900, 8, 2, 9)
+    model = ct.TwoLayerReLU(model0.W, model0.a, model0.b)
+    hist = ct.train(model, X, y, method="kernel", iters=10)
+    assert hist.final_loss == pytest.approx(model.loss(X, y), rel=1e-9, abs=1e-12)
+
+
+def test_kernel_needs_room_for_the_ntk_matrix(monkeypatch):
+    from corrtree.training import kernel
+
+    X, y, model = _problem(20, 100, 4, 1, 0)
+    monkeypatch.setattr(kernel, "available_memory", lambda: 100)
+    with pytest.raises(MemoryError, match="NTK matrix"):
+        ct.train(model, X, y, method="kernel", iters=1)
+
+
+@pytest.mark.parametrize("method", FAST)
+def test_bad_band(method):
+    X, y, model = _problem(20, 100, 4, 1, 0)
+    with pytest.raises(ValueError, match="band must be > 0"):
+        ct.train(model, X, y, method=method, band=0.0)
+
+
+def test_auto_picks_the_cheapest_modelled_method():
+    X, y, model = _problem(64, 20000, 32, 1, 0)
+    hist = ct.train(model, X, y, iters=3)
+    costs = hist.info["costs"]
+    assert set(costs) == {"dense", "dtree", "wtree", "lazy", "kernel"}
+    assert hist.method == min(costs, key=costs.get)
+    assert hist.method in FAST  # wide and sparse: the implicit methods win
