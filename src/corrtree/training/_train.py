@@ -13,12 +13,12 @@ import numpy as np
 from ..model import TwoLayerReLU, as_targets
 from ._base import Trainer
 from ._ntk import lambda_max
-from .costs import estimate, fire_share
+from .costs import coherence, estimate, fire_share
 from .dense import DenseTrainer
 from .dtree import DTreeTrainer
 from .history import History
 from .kernel import KernelTrainer
-from .lazy import LazyTrainer
+from .lazy import LazyTrainer, default_band
 from .wtree import WTreeTrainer
 
 __all__ = ["METHODS", "TrainingDiverged", "train"]
@@ -68,15 +68,19 @@ def auto_lr(trainer: Trainer) -> float:
 
 
 def choose_method(
-    X: np.ndarray, model: TwoLayerReLU, iters: int
+    X: np.ndarray, G: np.ndarray, model: TwoLayerReLU, iters: int
 ) -> tuple[str, dict[str, float]]:
     """The exact method with the smallest modelled run time (see :mod:`.costs`).
 
     Returns the method and the modelled seconds of each candidate.
     """
     n, d = X.shape
-    share = fire_share(np.linalg.norm(X, axis=1), model.b)
-    costs = {k: estimate(k, n, model.m, d, model.outputs, iters, share) for k in TRAINERS}
+    norms = np.linalg.norm(X, axis=1)
+    share = fire_share(norms, model.b)
+    band_share = fire_share(norms, model.b - default_band(n, model.m, d))
+    coh = coherence(G)
+    costs = {k: estimate(k, n, model.m, d, model.outputs, iters, share, band_share, coh)
+             for k in TRAINERS}
     return min(costs, key=costs.__getitem__), costs
 
 
@@ -143,10 +147,10 @@ def train(
     n, d = X.shape
     t0 = time.perf_counter()
     info: dict[str, Any] = {}
-    if method == "auto":
-        method, info["costs"] = choose_method(X, model, iters)
-        info["auto"] = True
     G = X @ X.T
+    if method == "auto":
+        method, info["costs"] = choose_method(X, G, model, iters)
+        info["auto"] = True
     trainer = TRAINERS[method](model, X, Y, G, **options)
     trainer.lr = auto_lr(trainer) if lr == "auto" else lr
     trainer.timer.pop()  # preprocessing is not part of the first iteration

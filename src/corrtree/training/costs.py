@@ -34,8 +34,31 @@ def fire_share(norms: np.ndarray, b: float) -> float:
     return float(np.mean(norm.sf(z)))
 
 
-def estimate(method: str, n: int, m: int, d: int, K: int, iters: int, q: float) -> float:
-    """Modelled seconds of ``iters`` iterations of ``method`` (plus its preprocessing)."""
+def coherence(G: np.ndarray, sample: int = 256) -> float:
+    """Mean ``|cos(x_i, x_j)|`` over a fixed sample of pairs ``i != j`` (0 for n = 1).
+
+    About ``sqrt(2/(π d))`` for random directions, near 1 for data whose points
+    all look alike; it sets how far a neuron's step moves its other products.
+    """
+    n = G.shape[0]
+    if n < 2:
+        return 0.0
+    idx = np.linspace(0, n - 1, min(n, sample)).astype(np.int64)
+    diag = np.sqrt(np.maximum(np.diag(G)[idx], 1e-300))
+    C = np.abs(G[np.ix_(idx, idx)]) / diag[:, None] / diag[None, :]
+    k = idx.shape[0]
+    return float((C.sum() - np.trace(C)) / (k * (k - 1)))
+
+
+def estimate(method: str, n: int, m: int, d: int, K: int, iters: int, q: float,
+             q_band: float = 0.0, coh: float = 0.0) -> float:
+    """Modelled seconds of ``iters`` iterations of ``method`` (plus its preprocessing).
+
+    ``q_band`` is the share of pairs tracked by the lazy and kernel methods
+    (products within the band of ``b``) and ``coh`` the data's
+    :func:`coherence`: it sets the share of tracked pairs those methods must
+    evaluate per step (all of them for strongly coherent data).
+    """
     pairs = q * n * m  # Σ_i k_i
     moved = m * (1.0 - (1.0 - q) ** n)
     gemm = 2.0 * n * m * d / BLAS_FLOPS
@@ -50,15 +73,19 @@ def estimate(method: str, n: int, m: int, d: int, K: int, iters: int, q: float) 
         update = gemm * moved / m + n * moved / STREAM_OPS
         query = pairs * TREE_VISITS / SPARSE_OPS + m / SPARSE_OPS
         return gemm + n * m / STREAM_OPS + iters * (query + sparse_grad + update)
+    k = q * n  # fired points per neuron (≈ pairs that ever fired)
+    tracked = max(q_band * n, k)
+    expired = min(1.0, 0.05 + 0.5 * coh * k)  # share of other tracked pairs evaluated
+    per_neuron = k * k / 2 + expired * (tracked - k) * k + k * K
+    # float32 GEMM, float64 recomputation of the tracked pairs, trees
+    pre = gemm / 2 + m * tracked * d * 4 / BLAS_FLOPS + n * m / STREAM_OPS
     if method == "lazy":
-        k = q * n  # fired points per neuron
-        per_iter = moved * (k * k + 2 * k * (k + 1) + k * K) / SPARSE_OPS
-        return gemm + n * m / STREAM_OPS + n * n * d / BLAS_FLOPS + iters * per_iter
+        return pre + iters * moved * per_neuron / SPARSE_OPS
     if method == "kernel":
-        k = q * n
         if 8.0 * (n * K) ** 2 > 0.5 * available_memory():
             return float("inf")  # the NTK matrix does not fit
-        pre = gemm / 2 + m * k * d * 2 / BLAS_FLOPS + m * k * k * K * K / SPARSE_OPS
-        per_iter = 2 * (n * K) ** 2 / BLAS_FLOPS * 10 + 0.05 * moved * k * k / SPARSE_OPS
-        return pre + n * m / STREAM_OPS + n * n * d / BLAS_FLOPS + iters * per_iter
+        pre += m * k * k * K * K / SPARSE_OPS
+        # every neuron is processed in the first few iterations, few afterwards
+        active = moved * min(iters, 6.0 + 6.0 * coh * k)
+        return pre + iters * 2 * (n * K) ** 2 / STREAM_OPS + active * per_neuron / SPARSE_OPS
     raise ValueError(f"no cost model for method {method!r}")

@@ -304,7 +304,7 @@ class KernelTrainer(Trainer):
         Half-width ``β`` of the tracked band around ``b``.
     anchor_dtype : {"float64", "float32"}, optional
         Storage of the anchored products (default float64 when they take
-        under 40% of free memory).
+        under a quarter of free memory).
     gemm_dtype : {"float32", "float64"}
         Precision of the preprocessing GEMM (default float32; products within
         its error bound of the band are recomputed in float64, so the

@@ -57,8 +57,9 @@ def default_band(n: int, m: int, d: int) -> float:
 
 
 def choose_storage(n: int, m: int, d: int, K: int) -> str:
-    """float64 anchored rows unless they would take more than 40% of free memory."""
-    return "float64" if 8.0 * n * m <= 0.4 * available_memory() else "float32"
+    """float64 anchored rows unless they would take more than a quarter of free memory
+    (they share it with W, the tracked pairs and the preprocessing blocks)."""
+    return "float64" if 8.0 * n * m <= 0.25 * available_memory() else "float32"
 
 
 @njit(cache=True, parallel=True)
@@ -118,7 +119,7 @@ class LazyTrainer(Trainer):
         less often.
     anchor_dtype : {"float64", "float32"}, optional
         Storage of the anchored products (default: float64 when the n×m rows
-        take under 40% of free memory).
+        take under a quarter of free memory).
     gemm_dtype : {"float32", "float64"}
         Precision of the preprocessing GEMM (default float32, twice as fast);
         every product within the float32 error bound of the band is
