@@ -96,12 +96,8 @@ class FiringDetector:
         m, d_y = check_shape_2d("Y", Y)
         if d_y != d:
             raise ValueError(f"Y has {d_y} columns but X has d={d}")
-        if limit == "auto":
-            self._limit: int | None = math.ceil(m**0.8 * n)
-        elif limit is None:
-            self._limit = None
-        else:
-            self._limit = check_positive_int("limit", limit, minimum=0)
+        self._m_n = (m, n)
+        self.limit = limit
         off = _bittree.level_offsets(m)
         block = min(m, self._BLOCK)
         check_memory(
@@ -136,8 +132,19 @@ class FiringDetector:
 
     @property
     def limit(self) -> int | None:
-        """Largest number of pairs :meth:`query` reports before raising."""
+        """Largest number of pairs :meth:`query` reports before raising (settable:
+        an int >= 0, ``"auto"`` for ``ceil(m^(4/5)·n)``, or ``None`` for no limit)."""
         return self._limit
+
+    @limit.setter
+    def limit(self, limit: int | str | None) -> None:
+        m, n = self._m_n
+        if limit == "auto":
+            self._limit: int | None = math.ceil(m**0.8 * n)
+        elif limit is None:
+            self._limit = None
+        else:
+            self._limit = check_positive_int("limit", limit, minimum=0)
 
     @property
     def n(self) -> int:
