@@ -10,13 +10,14 @@ _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 from . import datasets, theory
 from .detector import FiringDetector, TooManyFiring
 from .model import TwoLayerReLU, default_threshold
-from .training import METHODS, History, TrainingDiverged, train
+from .training import METHODS, CheckpointError, History, TrainingDiverged, resume, train
 from .trees import CorrelationDTree, CorrelationWTree
 
 __version__ = "0.1.0"
 
 __all__ = [
     "METHODS",
+    "CheckpointError",
     "CorrelationDTree",
     "CorrelationWTree",
     "FiringDetector",
@@ -27,6 +28,7 @@ __all__ = [
     "__version__",
     "datasets",
     "default_threshold",
+    "resume",
     "theory",
     "train",
 ]

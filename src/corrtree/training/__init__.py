@@ -1,6 +1,7 @@
 """Training 2NN(m, b) by full-batch gradient descent."""
 
-from ._train import METHODS, TrainingDiverged, train
+from ._train import METHODS, TrainingDiverged, resume, train
+from .checkpoint import CheckpointError
 from .history import History
 
-__all__ = ["METHODS", "History", "TrainingDiverged", "train"]
+__all__ = ["METHODS", "CheckpointError", "History", "TrainingDiverged", "resume", "train"]

@@ -57,14 +57,15 @@ def estimate(method: str, n: int, m: int, d: int, K: int, iters: int, q: float,
     ``q_band`` is the share of pairs tracked by the lazy and kernel methods
     (products within the band of ``b``) and ``coh`` the data's
     :func:`coherence`: it sets the share of tracked pairs those methods must
-    evaluate per step (all of them for strongly coherent data).
+    evaluate per step and of neurons they re-anchor (all of them for strongly
+    coherent data, where each step moves a neuron's products a lot).
     """
     pairs = q * n * m  # Σ_i k_i
     moved = m * (1.0 - (1.0 - q) ** n)
     gemm = 2.0 * n * m * d / BLAS_FLOPS
     sparse_grad = pairs * (d + K) / SPARSE_OPS  # forward and gradient on fired pairs
     if method == "dense":
-        return iters * (2 * gemm + 4 * n * m / STREAM_OPS)
+        return iters * (2 * gemm + 4 * n * m * K / BLAS_FLOPS + 4 * n * m / STREAM_OPS)
     if method == "dtree":
         update = gemm * moved / m + n * moved * TREE_VISITS / SPARSE_OPS
         query = pairs * TREE_VISITS / SPARSE_OPS + n * m / 16 / STREAM_OPS
@@ -76,7 +77,9 @@ def estimate(method: str, n: int, m: int, d: int, K: int, iters: int, q: float,
     k = q * n  # fired points per neuron (≈ pairs that ever fired)
     tracked = max(q_band * n, k)
     expired = min(1.0, 0.05 + 0.5 * coh * k)  # share of other tracked pairs evaluated
-    per_neuron = k * k / 2 + expired * (tracked - k) * k + k * K
+    reanchored = min(1.0, (0.1 * coh * k) ** 2)  # share of neurons leaving their band
+    per_neuron = (k * k / 2 + expired * (tracked - k) * k + k * K
+                  + reanchored * (k * n + 2 * n * d * SPARSE_OPS / BLAS_FLOPS))
     # float32 GEMM, float64 recomputation of the tracked pairs, trees
     pre = gemm / 2 + m * tracked * d * 4 / BLAS_FLOPS + n * m / STREAM_OPS
     if method == "lazy":

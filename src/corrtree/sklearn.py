@@ -1,0 +1,160 @@
+"""scikit-learn estimators around :class:`~corrtree.TwoLayerReLU` and :func:`~corrtree.train`.
+
+Needs scikit-learn (``pip install 'corrtree[sklearn]'``).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.preprocessing import LabelBinarizer
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from .datasets import unit_rows
+from .model import TwoLayerReLU
+from .training import History, TrainingDiverged, train
+from .training._ntk import lambda_max
+from .training._sparse import keys_to_csr
+
+_RETRIES = 4  # halvings of lr="auto" tried when training diverges
+
+
+def ntk_lambda_max(model: TwoLayerReLU, X: np.ndarray) -> float:
+    """``λ_max`` of the NTK matrix of ``model``'s fire sets on ``X`` (as ``lr="auto"``)."""
+    F = X @ model.W.T >= model.b
+    indptr, idx = keys_to_csr(np.flatnonzero(F.T), model.m, X.shape[0])
+    return lambda_max(indptr, idx, X @ X.T, model._a)
+
+__all__ = ["CorrTreeClassifier", "CorrTreeRegressor"]
+
+
+class _CorrTreeBase(BaseEstimator):
+    """Shared fitting code; see the two public estimators."""
+
+    def __init__(self, width: int = 4096, method: str = "auto", lr: float | str = "auto",
+                 iters: int = 100, threshold: float | None = None, normalize: bool = True,
+                 random_state: int | None = None) -> None:
+        self.width = width
+        self.method = method
+        self.lr = lr
+        self.iters = iters
+        self.threshold = threshold
+        self.normalize = normalize
+        self.random_state = random_state
+
+    def _inputs(self, X: np.ndarray) -> np.ndarray:
+        X = np.asarray(X, dtype=np.float64)
+        return unit_rows(X) if self.normalize else X
+
+    def _fit(self, X: np.ndarray, Y: np.ndarray) -> None:
+        if isinstance(self.width, bool) or not isinstance(self.width, numbers.Integral) \
+                or self.width < 1:
+            raise ValueError(f"width must be an integer >= 1, got {self.width!r}")
+        seed = self.random_state
+        if seed is None:
+            seed = int(np.random.default_rng().integers(2**31))
+        elif not isinstance(seed, numbers.Integral):
+            raise ValueError(f"random_state must be an integer or None, got {seed!r}")
+        X = self._inputs(X)
+        init = TwoLayerReLU.init(d=X.shape[1], m=int(self.width), b=self.threshold,
+                                 outputs=Y.shape[1], seed=int(seed))
+        lr = self.lr
+        for attempt in range(_RETRIES + 1):
+            self.model_ = TwoLayerReLU(init.W, init.a, init.b)
+            try:
+                self.history_: History = train(self.model_, X, Y, method=self.method, lr=lr,
+                                               iters=self.iters)
+                break
+            except TrainingDiverged:
+                if self.lr != "auto" or attempt == _RETRIES:
+                    raise
+                # 1/λ_max assumes fire sets that barely change; halve it until stable
+                lr = 0.5 ** (attempt + 1) / ntk_lambda_max(init, X)
+        self.n_iter_ = len(self.history_)
+
+    def _outputs(self, X: np.ndarray) -> np.ndarray:
+        check_is_fitted(self, "model_")
+        X = validate_data(self, X, reset=False, dtype=np.float64)
+        out = self.model_.predict(self._inputs(X))
+        return out.reshape(X.shape[0], -1)
+
+
+class CorrTreeRegressor(RegressorMixin, _CorrTreeBase):
+    """Regression with 2NN(m, b) trained by exact full-batch gradient descent.
+
+    Parameters
+    ----------
+    width : int, default 4096
+        Number of hidden neurons ``m``.
+    method : str, default "auto"
+        Training method (see :func:`corrtree.train`).
+    lr : float or "auto", default "auto"
+        Learning rate.  ``"auto"``: ``1/λ_max`` of the NTK matrix at init,
+        halved (up to 4 times) while training diverges, which happens for
+        narrow networks whose fire sets change a lot.
+    iters : int, default 100
+        Gradient steps.
+    threshold : float, optional
+        ReLU threshold ``b`` (default ``sqrt(0.4 ln m)``).
+    normalize : bool, default True
+        Scale every input row to unit norm first (the paper's setting, for
+        which the default threshold is made).
+    random_state : int, optional
+        Seed of the initialization.
+
+    Attributes
+    ----------
+    model_ : TwoLayerReLU
+    history_ : History
+    n_iter_ : int
+    n_features_in_ : int
+    """
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True  # one network output per target column
+        return tags
+
+    def fit(self, X: np.ndarray, y: np.ndarray) -> CorrTreeRegressor:
+        X, y = validate_data(self, X, y, dtype=np.float64, multi_output=True, y_numeric=True)
+        self._1d = y.ndim == 1
+        self._fit(X, y.reshape(len(y), -1).astype(np.float64))
+        return self
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        out = self._outputs(X)
+        return out[:, 0] if self._1d else out
+
+
+class CorrTreeClassifier(ClassifierMixin, _CorrTreeBase):
+    """Classification with 2NN(m, b): targets ±1 (two classes) or one-hot (more).
+
+    The network is trained on the ℓ2 loss like the regressor (the paper's
+    model); the predicted class is the sign of the output, or its largest
+    output.  Parameters and attributes as :class:`CorrTreeRegressor`, plus
+    ``classes_``.
+    """
+
+    def fit(self, X: np.ndarray, y: np.ndarray) -> CorrTreeClassifier:
+        X, y = validate_data(self, X, y, dtype=np.float64)
+        check_classification_targets(y)
+        self._binarizer = LabelBinarizer(neg_label=-1, pos_label=1).fit(y)
+        self.classes_ = self._binarizer.classes_
+        if len(self.classes_) < 2:
+            raise ValueError("CorrTreeClassifier needs at least 2 classes in y; got one class")
+        self._fit(X, self._binarizer.transform(y).astype(np.float64))
+        return self
+
+    def decision_function(self, X: np.ndarray) -> np.ndarray:
+        """Network outputs: shape ``(n,)`` for two classes, ``(n, K)`` otherwise."""
+        out = self._outputs(X)
+        return out[:, 0] if len(self.classes_) == 2 else out
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        scores = self.decision_function(X)
+        if scores.ndim == 1:
+            return self.classes_[(scores >= 0).astype(int)]
+        return self.classes_[np.argmax(scores, axis=1)]
