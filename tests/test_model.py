@@ -100,7 +100,7 @@ def test_bad_init(kwargs, match):
 
 
 def test_init_too_large():
-    with pytest.raises(MemoryError, match="TwoLayerReLU.init"):
+    with pytest.raises(MemoryError, match=r"TwoLayerReLU\.init"):
         ct.TwoLayerReLU.init(d=10**6, m=10**8)
 
 

@@ -30,7 +30,8 @@ def _naive_ntk(model, X):
 
 @pytest.mark.parametrize(
     ("n", "m", "d", "outputs", "seed"),
-    [(1, 1, 1, 1, 0), (7, 50, 3, 1, 1), (40, 700, 17, 1, 2), (25, 300, 9, 3, 3), (60, 2000, 32, 2, 4)],
+    [(1, 1, 1, 1, 0), (7, 50, 3, 1, 1), (40, 700, 17, 1, 2), (25, 300, 9, 3, 3),
+     (60, 2000, 32, 2, 4)],
 )
 def test_methods_match_naive_gradient_descent(n, m, d, outputs, seed):
     X, y, model0 = _problem(n, m, d, outputs, seed)
@@ -83,7 +84,7 @@ def test_methods_agree_with_each_other_lr_auto(seed):
         results[method] = (ct.train(model, X, y, method=method, iters=15), model.W.copy())
     ref_hist, ref_W = results["dense"]
     assert ref_hist.loss[-1] < 1e-2 * ref_hist.loss[0]
-    for method, (hist, W) in results.items():
+    for hist, W in results.values():
         assert hist.lr == ref_hist.lr
         np.testing.assert_allclose(hist.loss, ref_hist.loss, rtol=1e-9)
         assert hist.final_loss == pytest.approx(ref_hist.final_loss, rel=1e-9)

@@ -51,7 +51,7 @@ def training_figures(history: History, out_dir: str | os.PathLike) -> dict[str, 
     title = f"{history.method}: n={history.n}, m={history.m}, d={history.d}"
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    loss = np.asarray(history.loss + [history.final_loss])
+    loss = np.asarray([*history.loss, history.final_loss])
     ax.semilogy(np.arange(len(loss)), np.maximum(loss, 1e-300), "o-", ms=3)
     ax.set_xlabel("iteration t")
     ax.set_ylabel("loss ½ Σ ||f(x_i) - y_i||²")

@@ -43,5 +43,6 @@ def convergence_rate(lr: float, lam_min: float) -> float:
 
 
 def movement_bound(lam_min: float, m: int, n: int, err0: np.ndarray) -> float:
-    """``D = 4·λ⁻¹·m^(-1/2)·sqrt(n)·||err(0)||``: the paper's bound on ``max_r ||w_r(t) - w_r(0)||``."""
+    """``D = 4·λ⁻¹·m^(-1/2)·sqrt(n)·||err(0)||``, the paper's bound on
+    ``max_r ||w_r(t) - w_r(0)||``."""
     return 4.0 / lam_min / math.sqrt(m) * math.sqrt(n) * float(np.linalg.norm(err0))

@@ -18,6 +18,7 @@ from .._io import atomic_write_json
 
 __all__ = [
     "in_child",
+    "loglog_plot",
     "machine_info",
     "median_time",
     "peak_rss_bytes",
@@ -126,3 +127,24 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]
     text = "\n".join(lines)
     print(text, flush=True)
     return text
+
+
+def loglog_plot(path: str | os.PathLike, title: str, series: dict[str, tuple[list, list]],
+                xlabel: str, ylabel: str) -> None:
+    """A log-log line plot of ``{label: (x, y)}`` written to ``path`` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for label, (x, y) in series.items():
+        ax.loglog(x, y, "o-", label=label, base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -10,6 +10,7 @@ GEMM of the same shape, peak memory, and query time against output size.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -20,6 +21,7 @@ from ..detector import FiringDetector
 from ..trees import CorrelationDTree, CorrelationWTree
 from ._util import (
     in_child,
+    loglog_plot,
     median_time,
     peak_rss_bytes,
     print_table,
@@ -78,7 +80,8 @@ class _Faiss:
             self.index.reset()
             self.index.add(self.Y32)
         lims, _, ids = self.index.range_search(X32, self.b)  # reports IP > b, float32
-        return np.column_stack((np.repeat(np.arange(X32.shape[0]), np.diff(lims).astype(np.int64)), ids))
+        counts = np.diff(lims).astype(np.int64)
+        return np.column_stack((np.repeat(np.arange(X32.shape[0]), counts), ids))
 
 
 def _same_pairs(a: np.ndarray, b: np.ndarray, U: np.ndarray, thr: float, tol: float) -> bool:
@@ -139,9 +142,7 @@ def dynamic_workload(n: int, m: int, d: int, rounds: int, moves: int, seed: int 
 def init_times(n: int, m: int, d: int, seed: int = 0) -> dict:
     """Init time of each structure next to one GEMM ``X @ Y.T`` of the same shape."""
     X, Y, b = instance(n, m, d, seed)
-    out = np.empty((n, m))
-    res = {"gemm": median_time(lambda: np.dot(X, Y.T, out=out), repeat=3)[0]}
-    del out
+    res = {"gemm": median_time(lambda: X @ Y.T, repeat=3)[0]}
     res["CorrelationDTree"] = median_time(lambda: CorrelationDTree(X, Y), repeat=3)[0]
     res["CorrelationWTree"] = median_time(lambda: CorrelationWTree(X, Y), repeat=3)[0]
     res["FiringDetector"] = median_time(lambda: FiringDetector(X, Y, b, limit=None), repeat=3)[0]
@@ -233,6 +234,16 @@ def run(size: str = "large", out_dir: str = "benchmarks/results") -> dict:
     )
     result = {"size": size, "params": p, "dynamic": dyn, "init": init, "memory": mem,
               "query_vs_output": qo}
+    os.makedirs(out_dir, exist_ok=True)
+    png = os.path.join(out_dir, f"ddfn_{size}_query.png")
+    pairs = [r["pairs"] for r in qo["rows"]]
+    loglog_plot(png, f"Query time against output size (n={n}, m={m}, d={d})",
+                {f"CorrelationDTree.query_all (slope {qo['slope_dtree']:.2f})":
+                 (pairs, [r["dtree_query_all_s"] for r in qo["rows"]]),
+                 f"FiringDetector.query (slope {qo['slope_detector']:.2f})":
+                 (pairs, [r["detector_query_s"] for r in qo["rows"]])},
+                "firing pairs reported", "seconds")
+    result["plot"] = os.path.basename(png)
     path = save_result(out_dir, f"ddfn_{size}", result)
-    print(f"wrote {path}")
+    print(f"wrote {path} and {png}")
     return result

@@ -17,7 +17,7 @@ import numpy as np
 from ..datasets import digits, sphere
 from ..model import TwoLayerReLU
 from ..training import train
-from ._util import in_child, peak_rss_bytes, print_table, save_result, slope
+from ._util import in_child, loglog_plot, peak_rss_bytes, print_table, save_result, slope
 
 __all__ = ["run_kernel", "run_lazy"]
 
@@ -109,25 +109,6 @@ def _gemm_job(n: int, m: int, d: int, dtype: str) -> float:
     t0 = time.perf_counter()
     A @ B.T
     return time.perf_counter() - t0
-
-
-def _plot(path: str, title: str, series: dict[str, tuple[list, list]], xlabel: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for label, (x, y) in series.items():
-        ax.loglog(x, y, "o-", label=label, base=2)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("seconds per iteration (median)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def headline(method: str, p: dict[str, Any]) -> dict[str, Any]:
@@ -255,8 +236,8 @@ def _suite(method: str, size: str, out_dir: str) -> dict[str, Any]:
     png = os.path.join(out_dir, f"{method}_{size}_scaling.png")
     series = {f"{method} (slope {result['scaling_m']['slope']:.2f})":
               ([r["m"] for r in rows_m], [r["per_iter_s"] for r in rows_m])}
-    _plot(png, f"{method}: per-iteration time against width m (n={rows_m[0]['n']}, "
-          f"d={rows_m[0]['d']})", series, "width m")
+    loglog_plot(png, f"{method}: per-iteration time against width m (n={rows_m[0]['n']}, "
+                f"d={rows_m[0]['d']})", series, "width m", "seconds per iteration (median)")
     result["plot"] = os.path.basename(png)
     path = save_result(out_dir, f"{method}_{size}", result)
     print(f"wrote {path} and {png}")

@@ -9,6 +9,7 @@ agree.
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Any
 
@@ -17,7 +18,7 @@ import numpy as np
 from ..datasets import digits, sphere
 from ..model import TwoLayerReLU
 from ..training import train
-from ._util import print_table, save_result
+from ._util import loglog_plot, print_table, save_result
 
 SIZES: dict[str, dict[str, Any]] = {
     "small": {"n": 256, "d": 64, "ms": [2**10, 2**12], "iters": 3, "digits_m": 2**10},
@@ -32,7 +33,7 @@ def torch_dense_gd(model: TwoLayerReLU, X: np.ndarray, Y: np.ndarray, lr: float,
     """The same GD with PyTorch (float64, autograd); per-iteration times and losses."""
     import torch
 
-    torch.set_num_threads(max(1, len(__import__("os").sched_getaffinity(0))))
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
     Xt = torch.from_numpy(X)
     Yt = torch.from_numpy(Y.reshape(X.shape[0], -1))
     A = torch.from_numpy(model._a)
@@ -123,6 +124,14 @@ def run(size: str = "large", out_dir: str = "benchmarks/results") -> dict[str, A
     print_table(f"digits, n={dg.X_train.shape[0]}, d=64, K=10, m={p['digits_m']}: trajectories "
                 f"agree: {res_digits['trajectories_agree']}", header, _rows(res_digits))
     result = {"size": size, "params": p, "synthetic": synthetic, "digits": res_digits}
+    os.makedirs(out_dir, exist_ok=True)
+    png = os.path.join(out_dir, f"train_{size}_per_iteration.png")
+    ms = [r["m"] for r in synthetic]
+    series = {k: (ms, [r[k]["per_iter_s"] for r in synthetic]) for k in (*METHODS, "torch")
+              if all(r.get(k) for r in synthetic)}
+    loglog_plot(png, f"The paper's trainers against dense GD (n={p['n']}, d={p['d']})",
+                series, "width m", "seconds per iteration (median)")
+    result["plot"] = os.path.basename(png)
     path = save_result(out_dir, f"train_{size}", result)
-    print(f"wrote {path}")
+    print(f"wrote {path} and {png}")
     return result

@@ -505,7 +505,8 @@ def _exact_entries_from_w(W, X, rows, seg, pool):
 @njit(cache=True, parallel=True)
 def _reorder_after_exact(rows, seg, pool, b):
     """After exact values changed, put firing entries first and set the flags."""
-    ej, uref, val, key, kappa, cref, fire, clast = pool
+    ej, uref, val = pool[0], pool[1], pool[2]
+    fire = pool[6]
     for k in prange(rows.shape[0]):
         r = rows[k]
         s0 = seg[r, START]

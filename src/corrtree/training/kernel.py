@@ -179,13 +179,13 @@ def process(due, seg, nf, pool, scratch, a, E, G, xnorm, eta_s, b, R, P, per_p, 
 
 
 @njit(cache=True, inline="always")
-def _add_pair(H, a, r, j, l, g):
+def _add_pair(H, a, r, j, i, g):
     K = a.shape[1]
     for k in range(K):
         for k2 in range(K):
             c = g * a[r, k] * a[r, k2]
-            H[j * K + k, l * K + k2] += c
-            H[l * K + k2, j * K + k] += c
+            H[j * K + k, i * K + k2] += c
+            H[i * K + k2, j * K + k] += c
 
 
 @njit(cache=True, inline="always")

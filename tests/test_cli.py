@@ -1,0 +1,194 @@
+"""The corrtree command line, through real subprocesses."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import corrtree as ct
+
+CLI = [sys.executable, "-m", "corrtree.cli"]
+
+
+def run(*args, check=True, **kw):
+    proc = subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, **kw)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def assert_one_line_error(proc, code, text):
+    assert proc.returncode == code, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert text in lines[-1], proc.stderr
+
+
+@pytest.mark.parametrize("command", ["demo", "train", "predict", "bench", "experiment"])
+def test_help_is_complete(command):
+    out = run(command, "--help").stdout
+    assert "usage: corrtree " + command in out
+    for word in {"demo": ["--width", "--iters", "--out"],
+                 "train": ["--data", "--width", "--method", "--iters", "--lr", "--seed", "--out",
+                           "--checkpoint-every", "--resume", "breast_cancer", "kernel"],
+                 "predict": ["--model", "--data", "--out"],
+                 "bench": ["--size", "small", "large", "--suite"],
+                 "experiment": ["sparsity_init", "lower_bound", "--quick"]}[command]:
+        assert word in out
+    assert run("--help").stdout.count("demo") >= 1
+
+
+def test_train_writes_everything_and_predict_reads_it(tmp_path):
+    out = tmp_path / "run"
+    proc = run("train", "--data", "breast_cancer", "--width", 512, "--iters", 6, "--method",
+               "lazy", "--out", out, "--quiet")
+    assert "test_accuracy" in proc.stdout
+    for name in ("model.npz", "history.json", "history.csv", "summary.json", "report.html",
+                 "loss.png", "sparsity.png", "moved.png", "timing.png", "run.json"):
+        assert (out / name).stat().st_size > 0, name
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["method"] == "lazy" and summary["iterations"] == 6
+    assert 0.5 < summary["test_accuracy"] <= 1
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 4
+    hist = ct.History.from_dict(json.loads((out / "history.json").read_text()))
+    assert len(hist) == 6
+    # predict on the user's own CSV (features only), then with the label column
+    ds = ct.datasets.breast_cancer()
+    np.savetxt(tmp_path / "x.csv", ds.X_test, delimiter=",")
+    pred = run("predict", "--model", out / "model.npz", "--data", tmp_path / "x.csv").stdout
+    values = np.array([float(v) for v in pred.split()])
+    model = ct.TwoLayerReLU.load(out / "model.npz")
+    np.testing.assert_allclose(values, model.predict(ds.X_test), rtol=1e-9)
+    np.savez(tmp_path / "xy.npz", X=ds.X_test, y=ds.y_test)
+    proc = run("predict", "--model", out / "model.npz", "--data", tmp_path / "xy.npz",
+               "--out", tmp_path / "p.csv")
+    assert "mean squared error" in proc.stderr
+    assert len((tmp_path / "p.csv").read_text().splitlines()) == len(ds.X_test)
+
+
+def test_train_on_user_csv_classification(tmp_path):
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((90, 4))
+    y = (X[:, 0] > 0).astype(int) + (X[:, 1] > 0)  # three classes
+    with open(tmp_path / "d.csv", "w") as fh:
+        fh.write("a,b,c,d,label\n")
+        np.savetxt(fh, np.column_stack([X, y]), delimiter=",")
+    out = tmp_path / "o"
+    run("train", "--data", tmp_path / "d.csv", "--width", 256, "--iters", 3, "--out", out,
+        "--quiet")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["task"] == "multiclass" and summary["outputs"] == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "text"),
+    [
+        (["train", "--width", "0"], 2, "expected a positive integer"),
+        (["train", "--method", "sgd"], 2, "invalid choice"),
+        (["train", "--lr", "fast", "--iters", "1"], 1, "--lr must be 'auto' or a number"),
+        (["train", "--lr", "-1", "--iters", "1"], 1, "--lr must be a positive number"),
+        (["train", "--data", "missing.csv"], 1, "does not exist"),
+        (["predict", "--model", "missing.npz", "--data", "x.csv"], 1, "missing.npz"),
+        (["experiment", "nope"], 2, "invalid choice"),
+        (["bench", "--suite", "nope"], 1, "unknown suite"),
+    ],
+)
+def test_bad_arguments(args, code, text, tmp_path):
+    assert_one_line_error(run(*args, check=False, cwd=tmp_path), code, text)
+
+
+def test_bad_data_files(tmp_path):
+    (tmp_path / "bad.csv").write_text("1,2,3\n4,x,6\n")
+    assert_one_line_error(run("train", "--data", tmp_path / "bad.csv", check=False), 1,
+                          "row 2 is not numeric")
+    (tmp_path / "nan.csv").write_text("1,2,3\n4,nan,6\n")
+    assert_one_line_error(run("train", "--data", tmp_path / "nan.csv", check=False), 1,
+                          "NaN or infinite")
+    (tmp_path / "broken.npz").write_bytes(b"PK\x03\x04 not really a zip")
+    assert_one_line_error(run("train", "--data", tmp_path / "broken.npz", check=False), 1,
+                          "cannot read data file")
+    model = ct.TwoLayerReLU.init(d=3, m=8)
+    model.save(tmp_path / "m.npz")
+    np.savez(tmp_path / "wide.npz", X=np.ones((2, 5)))
+    assert_one_line_error(run("predict", "--model", tmp_path / "m.npz", "--data",
+                              tmp_path / "wide.npz", check=False), 1,
+                          "has 5 features but the model expects 3")
+    (tmp_path / "junk.npz").write_bytes(b"junk")
+    assert_one_line_error(run("predict", "--model", tmp_path / "junk.npz", "--data",
+                              tmp_path / "wide.npz", check=False), 1, "cannot read model file")
+
+
+@pytest.mark.parametrize("method", ["dense", "kernel"])
+def test_sigint_saves_a_checkpoint_and_resume_is_exact(tmp_path, method):
+    ds = ct.datasets.sphere(n=200, d=16, seed=4)
+    np.savez(tmp_path / "data.npz", X=ds.X_train, y=ds.y_train)
+    common = ["train", "--data", tmp_path / "data.npz", "--width", 4096, "--method", method,
+              "--iters", 600, "--lr", "0.05", "--task", "regression", "--quiet"]
+    whole = tmp_path / "whole"
+    run(*common, "--out", whole)
+    cut = tmp_path / "cut"
+    proc = subprocess.Popen([*CLI, *map(str, common), "--out", str(cut)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (cut / "run.json").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # let it train a while
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "state saved" in err and "--resume" in err and "Traceback" not in err
+    saved = np.load(cut / "checkpoint.npz", allow_pickle=False)
+    done = len(json.loads(str(saved["manifest"]))["history"]["loss"])
+    assert 0 < done < 600
+    run("train", "--resume", cut, "--quiet")
+    a = ct.TwoLayerReLU.load(whole / "model.npz")
+    b = ct.TwoLayerReLU.load(cut / "model.npz")
+    np.testing.assert_array_equal(a.W, b.W)  # bit for bit
+    ha = json.loads((whole / "history.json").read_text())
+    hb = json.loads((cut / "history.json").read_text())
+    assert ha["loss"] == hb["loss"]
+
+
+def test_checkpoint_every_and_corrupted_checkpoint(tmp_path):
+    out = tmp_path / "o"
+    run("train", "--data", "digits", "--width", 256, "--iters", 4, "--checkpoint-every", 2,
+        "--method", "dense", "--out", out, "--quiet")
+    ck = out / "checkpoint.npz"
+    assert ck.stat().st_size > 0
+    data = ck.read_bytes()
+    ck.write_bytes(data[: len(data) // 2])  # truncated
+    assert_one_line_error(run("train", "--resume", out, check=False), 1, "checkpoint")
+    ck.write_bytes(b"garbage")
+    assert_one_line_error(run("train", "--resume", out, check=False), 1, "checkpoint")
+    assert_one_line_error(run("train", "--resume", tmp_path, check=False), 1, "no run.json")
+
+
+def test_demo_runs(tmp_path):
+    proc = run("demo", "--width", 1024, "--iters", 5, "--out", tmp_path / "d", "--quiet")
+    assert "accuracy: train" in proc.stdout and "faster" in proc.stdout
+    summary = json.loads((tmp_path / "d" / "summary.json").read_text())
+    assert summary["same_losses_as_dense"] is True
+
+
+def test_experiment_and_bench_commands(tmp_path):
+    run("experiment", "lower_bound", "--quick", "--out", tmp_path)
+    assert (tmp_path / "lower_bound.png").exists()
+    proc = run("bench", "--size", "small", "--suite", "ddfn", "--out", tmp_path)
+    assert "DDFN dynamic workload" in proc.stdout
+    result = json.loads((tmp_path / "ddfn_small.json").read_text())
+    assert result["dynamic"]["all_agree"] is True
+    assert any(Path(tmp_path).glob("ddfn_small*.png"))
+
+
+def test_console_script_is_installed():
+    exe = Path(sys.executable).with_name("corrtree")
+    assert exe.exists()
+    assert subprocess.run([str(exe), "--version"], capture_output=True, text=True,
+                          env={**os.environ}).stdout.startswith("corrtree ")
