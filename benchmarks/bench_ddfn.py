@@ -1,18 +1,13 @@
 """Correlation trees and the DDFN firing detector against numpy and FAISS.
 
-Usage: python benchmarks/bench_ddfn.py [--size small|medium|large]
+Usage: python benchmarks/bench_ddfn.py [--size small|medium|large] [--out DIR]
 """
 
-import argparse
 import os
 
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # before numpy is imported
 
-from corrtree.bench import ddfn  # noqa: E402
+from corrtree.bench import ddfn, script
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", choices=sorted(ddfn.SIZES), default="large")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
-    args = parser.parse_args()
-    ddfn.run(args.size, args.out)
+    script(ddfn.run, ddfn.SIZES, __doc__, __file__)

@@ -1,18 +1,13 @@
 """The lazy trainer against dense numpy, PyTorch and the paper's trainers.
 
-Usage: python benchmarks/bench_lazy.py [--size small|medium|large]
+Usage: python benchmarks/bench_lazy.py [--size small|medium|large] [--out DIR]
 """
 
-import argparse
 import os
 
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # before numpy is imported
 
-from corrtree.bench import fast  # noqa: E402
+from corrtree.bench import fast, script
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", choices=sorted(fast.SIZES), default="large")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
-    args = parser.parse_args()
-    fast.run_lazy(args.size, args.out)
+    script(fast.run_lazy, fast.SIZES, __doc__, __file__)

@@ -1,18 +1,13 @@
 """The paper's trainers (dense, dtree, wtree) and PyTorch dense gradient descent.
 
-Usage: python benchmarks/bench_train.py [--size small|medium|large]
+Usage: python benchmarks/bench_train.py [--size small|medium|large] [--out DIR]
 """
 
-import argparse
 import os
 
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # before numpy is imported
 
-from corrtree.bench import train  # noqa: E402
+from corrtree.bench import script, train
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", choices=sorted(train.SIZES), default="large")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
-    args = parser.parse_args()
-    train.run(args.size, args.out)
+    script(train.run, train.SIZES, __doc__, __file__)

@@ -16,25 +16,17 @@ import numpy as np
 from numba import njit, prange
 from numba.cpython.unsafe.numbers import trailing_zeros
 
+from . import _maxtree
+
 WORD = 64
 _ONE = np.uint64(1)
 _ZERO = np.uint64(0)
 
 
 def level_offsets(n_leaves: int) -> np.ndarray:
-    """Word offsets of the levels of a bit tree over ``n_leaves`` bits."""
-    if n_leaves < 1:
-        raise ValueError(f"a bit tree needs at least one leaf, got {n_leaves}")
-    sizes = []
-    s = int(n_leaves)
-    while True:
-        s = -(-s // WORD)
-        sizes.append(s)
-        if s == 1:
-            break
-    off = np.zeros(len(sizes) + 1, dtype=np.int64)
-    off[1:] = np.cumsum(sizes)
-    return off
+    """Word offsets of the levels of a bit tree over ``n_leaves`` bits (level 0:
+    the leaf words)."""
+    return _maxtree.level_offsets(n_leaves, WORD)
 
 
 @njit(cache=True, parallel=True)

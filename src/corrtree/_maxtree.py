@@ -26,19 +26,19 @@ from numba import njit, prange
 BRANCH = 16
 
 
-def level_offsets(n_leaves: int) -> np.ndarray:
-    """Offsets of the internal levels of a blocked max tree over ``n_leaves``.
+def level_offsets(n_leaves: int, branch: int = BRANCH) -> np.ndarray:
+    """Offsets of the internal levels of a ``branch``-ary tree over ``n_leaves``.
 
     Returns ``off`` (int64, length ``h + 1``): level ``k + 1`` (``k = 0`` is
-    the level just above the leaves) is stored at ``[off[k], off[k + 1])``;
-    the last level has a single node, the root.
+    the level of one node per ``branch`` leaves) is stored at
+    ``[off[k], off[k + 1])``; the last level has a single node, the root.
     """
     if n_leaves < 1:
-        raise ValueError(f"a max tree needs at least one leaf, got {n_leaves}")
+        raise ValueError(f"a tree needs at least one leaf, got {n_leaves}")
     sizes = []
     s = int(n_leaves)
     while True:
-        s = -(-s // BRANCH)
+        s = -(-s // branch)
         sizes.append(s)
         if s == 1:
             break

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -324,34 +325,24 @@ def _positive_float(text: str, name: str) -> float:
     return v
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
+def _number(kind: type, low: float, high: float | None = None, what: str = "") -> Callable:
+    """An argparse type: a ``kind`` number in ``[low, high)``."""
+
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if v < low or (high is not None and v >= high):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
+        return v
+
+    return parse
 
 
-def _count(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
-    return v
-
-
-def _fraction(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
-    if not 0 <= v < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {v}")
-    return v
+_positive_int = _number(int, 1, what="a positive integer")
+_count = _number(int, 0, what="an integer >= 0")
+_fraction = _number(float, 0.0, 1.0, what="a number in [0, 1)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -111,17 +111,13 @@ def _dot_row(a, r, E, j):
     return s
 
 
-@njit(cache=True)
-def _supp_deltas(r, seg, pool, a, E, eta_s, dc):
-    """``dc[p] = C_p(t) - C_p(t_a)`` for the ever-fired entries of neuron ``r``."""
-    ej, _, _, _, kappa, cref, fire = pool[:7]
-    s0 = seg[r, START]
-    for p in range(seg[r, SUPP]):
-        q = s0 + p
-        c = kappa[q]
-        if fire[q]:
-            c += eta_s * _dot_row(a, r, E, ej[q])
-        dc[p] = c - cref[q]
+@njit(cache=True, inline="always")
+def _coef(q, r, pool, a, E, eta_s):
+    """The coefficient ``C_rl`` of entry ``q`` now (see the module docstring)."""
+    c = pool[4][q]
+    if pool[6][q]:
+        c += eta_s * _dot_row(a, r, E, pool[0][q])
+    return c
 
 
 @njit(cache=True, inline="always")
@@ -198,16 +194,14 @@ def eval_ever(r, seg, pool, scratch, a, E, G, eta_s, want_step):
     becomes ``C``; only kept up to date by callers that want the step), else
     0: the quadratic forms ``dcᵀ G dc``, ``dlᵀ G dl`` plus their rounding.
     """
-    ej, uref, val, _, kappa, cref, fire, clast = pool
+    ej, uref, val, cref, clast = pool[0], pool[1], pool[2], pool[5], pool[7]
     dc, dl = scratch[0], scratch[1]
     s0 = seg[r, START]
     end = s0 + seg[r, SUPP]
     l1_a = 0.0
     l1_s = 0.0
     for q in range(s0, end):
-        c = kappa[q]
-        if fire[q]:
-            c += eta_s * _dot_row(a, r, E, ej[q])
+        c = _coef(q, r, pool, a, E, eta_s)
         dc[q] = c - cref[q]
         val[q] = uref[q]
         l1_a += abs(dc[q])
@@ -366,31 +360,17 @@ def _flip(r, q, seg, pool, a, E, eta_s, on):
 @njit(cache=True, parallel=True)
 def materialize(W, X, seg, pool, a, E, eta_s):
     """``W[r] -= Σ_l C_rl x_l`` over the ever-fired pairs (W holds ``W(0)``)."""
-    ej, _, _, _, kappa, _, fire = pool[:7]
+    ej = pool[0]
     d = X.shape[1]
     for r in prange(seg.shape[0]):
         s0 = seg[r, START]
         for p in range(seg[r, SUPP]):
             q = s0 + p
-            c = kappa[q]
-            if fire[q]:
-                c += eta_s * _dot_row(a, r, E, ej[q])
+            c = _coef(q, r, pool, a, E, eta_s)
             if c != 0.0:
                 j = ej[q]
                 for k in range(d):
                     W[r, k] -= c * X[j, k]
-
-
-@njit(cache=True, parallel=True)
-def firing_counts(seg, pool):
-    """Number of firing entries of every neuron (a check of ``seg[:, NFIRE]``)."""
-    fire = pool[6]
-    out = np.zeros(seg.shape[0], dtype=np.int64)
-    for r in prange(seg.shape[0]):
-        s0 = seg[r, START]
-        for q in range(s0, s0 + seg[r, CNT]):
-            out[r] += fire[q]
-    return out
 
 
 @njit(cache=True)
@@ -681,16 +661,14 @@ def _gram_rows(rows, out, seg, pool, a, E, eta_s, G, from_anchor):
     ``out[k]`` holds the anchored row (``from_anchor[k]``): subtract
     ``Σ_l (C_l - cref_l) G[l]``; or ``W0[r] Xᵀ``: subtract ``Σ_l C_l G[l]``.
     """
-    ej, _, _, _, kappa, cref, fire = pool[:7]
+    ej, cref = pool[0], pool[5]
     n = out.shape[1]
     for k in prange(rows.shape[0]):
         r = rows[k]
         s0 = seg[r, START]
         for p in range(seg[r, SUPP]):
             q = s0 + p
-            c = kappa[q]
-            if fire[q]:
-                c += eta_s * _dot_row(a, r, E, ej[q])
+            c = _coef(q, r, pool, a, E, eta_s)
             if from_anchor[k]:
                 c -= cref[q]
             if c != 0.0:

@@ -85,3 +85,33 @@ class Trainer:
     def _loss(self, u: np.ndarray) -> tuple[np.ndarray, float]:
         err = u - self.Y
         return err, 0.5 * float(np.einsum("ik,ik->", err, err))
+
+
+class TreeTrainer(Trainer):
+    """What the paper's two trainers share: a correlation tree holding W and the products."""
+
+    tree: Any  # CorrelationDTree or CorrelationWTree, built by the subclass
+
+    def _outputs(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def _gradient_step(self, fire_r: tuple[np.ndarray, np.ndarray], err: np.ndarray
+                       ) -> np.ndarray:
+        """Sparse gradient on the fired pairs (r-major fire sets), then the tree update
+        for every neuron that moved (one batched ``update_many``).  Returns them."""
+        from ._sparse import apply_sparse_gradient
+
+        with self.timer("backward"):
+            moved = apply_sparse_gradient(self.tree._W, *fire_r, self.X, self.a, err,
+                                          self.lr * self.scale)
+        with self.timer("update"):
+            self.tree._apply(moved, self.tree._W[moved])
+        return moved
+
+    def final_loss(self) -> float:
+        loss = self._loss(self._outputs())[1]
+        self.timer.pop()
+        return loss
+
+    def finish(self) -> None:
+        self.model._W[...] = self.tree._W

@@ -7,13 +7,13 @@ from typing import Any
 import numpy as np
 
 from ..trees import CorrelationDTree
-from ._base import Trainer
-from ._sparse import apply_sparse_gradient, count_changed, outputs_from_products, transpose_csr
+from ._base import TreeTrainer
+from ._sparse import count_changed, outputs_from_products, transpose_csr
 
 __all__ = ["DTreeTrainer"]
 
 
-class DTreeTrainer(Trainer):
+class DTreeTrainer(TreeTrainer):
     """Algorithm TrainingWithPreprocessWeights of the paper.
 
     Preprocessing builds a :class:`~corrtree.CorrelationDTree` over ``X`` and
@@ -56,18 +56,7 @@ class DTreeTrainer(Trainer):
         flips = 0 if self.prev_fire_i is None else count_changed(*self.prev_fire_i, indptr, idx)
         with self.timer("backward"):
             fire_r = transpose_csr(indptr, idx, self.m)
-            moved = apply_sparse_gradient(self.tree._W, *fire_r, self.X, self.a, err,
-                                          self.lr * self.scale)
-        with self.timer("update"):
-            self.tree._apply(moved, self.tree._W[moved])
+        moved = self._gradient_step(fire_r, err)
         self.prev_fire_i, self.fire_i = self.fire_i, None
         return {"loss": loss, "fired_pairs": int(idx.shape[0]), "moved_neurons": len(moved),
                 "flips": flips, "band_pairs": 0, "reanchored": 0, **self.timer.pop()}
-
-    def final_loss(self) -> float:
-        loss = self._loss(self._outputs())[1]
-        self.timer.pop()
-        return loss
-
-    def finish(self) -> None:
-        self.model._W[...] = self.tree._W

@@ -43,15 +43,13 @@ from ._band import (
     SIGMA,
     START,
     SUPP,
-    BandState,
     evaluate_neuron,
     prefetch_block,
     set_keys,
     update_sigma,
 )
-from ._base import Trainer
 from ._ntk import ntk_matrix
-from .lazy import choose_storage, default_band, forward
+from .lazy import BandTrainer
 
 __all__ = ["KernelTrainer"]
 
@@ -295,62 +293,28 @@ def gather_flips(due, fbuf_ptr, f_j, f_v, f_on):
     return fr, fj, fv, fo
 
 
-class KernelTrainer(Trainer):
-    """Exact GD whose per-iteration cost grows with neither ``m`` nor ``d`` (module docs).
-
-    Options
-    -------
-    band : float, optional
-        Half-width ``β`` of the tracked band around ``b``.
-    anchor_dtype : {"float64", "float32"}, optional
-        Storage of the anchored products (default float64 when they take
-        under a quarter of free memory).
-    gemm_dtype : {"float32", "float64"}
-        Precision of the preprocessing GEMM (default float32; products within
-        its error bound of the band are recomputed in float64, so the
-        trajectory is the same).
-    _certificate_scale : float
-        Multiplies the drift bounds; below 1 only to test that the tests catch
-        a certificate that misses crossings.
-    """
+class KernelTrainer(BandTrainer):
+    """Exact GD whose per-iteration cost grows with neither ``m`` nor ``d`` (module docs;
+    options: :class:`~.lazy.BandTrainer`)."""
 
     name = "kernel"
 
-    def __init__(self, model, X, Y, G, band: float | None = None,
-                 anchor_dtype: str | None = None, gemm_dtype: str = "float32",
-                 _certificate_scale: float = 1.0) -> None:
-        super().__init__(model, X, Y, G)
-        n, d = X.shape
-        K = self.a.shape[1]
+    def __init__(self, model, X, Y, G, **options: Any) -> None:
+        n, K = X.shape[0], model.outputs
         need = 8.0 * (n * K) ** 2
         if need > 0.5 * available_memory():
             raise MemoryError(f"method='kernel' needs {need / 2**30:.2f} GiB for the "
                               f"{n * K}×{n * K} NTK matrix; use method='lazy'")
-        band = default_band(n, self.m, d) if band is None else float(band)
-        if not band > 0:
-            raise ValueError(f"band must be > 0, got {band}")
-        anchor_dtype = anchor_dtype or choose_storage(n, self.m, d, K)
-        self.state = st = BandState(model._W, X, G, self.a, self.b, band, anchor_dtype,
-                                    gemm_dtype)
-        update_sigma(np.arange(self.m), st.seg, st.nf, st.pool.arrays, G)
-        self.u = forward(np.flatnonzero(st.seg[:, NFIRE]).astype(np.int64), st.seg,
-                         st.pool.arrays, self.a, self.b, self.scale, n)
+        super().__init__(model, X, Y, G, **options)
+        st = self.state
         self.H = ntk_matrix(*st.firing_csr(), G, self.a)
         self.P = 0.0
         self.fired = st.fired_pairs()
         self.moved = st.moved_neurons()
         self.entries = st.entries()
-        self.flips = 0
         self.heap_keys = np.empty(self.m)
         self.heap_ids = np.empty(self.m, dtype=np.int64)
         self.heap_size = -1  # filled at the first step, once lr is known
-        self.scratch = np.empty((2, st.pool.capacity))
-        self.cert = float(_certificate_scale)
-        self.info.update(band=band, anchor_dtype=str(np.dtype(anchor_dtype)),
-                         gemm_dtype=gemm_dtype)
-
-    def initial_fire_sets(self) -> tuple[np.ndarray, np.ndarray]:
-        return self.state.firing_csr()
 
     def ntk(self) -> np.ndarray:
         return self.H
@@ -382,9 +346,7 @@ class KernelTrainer(Trainer):
             f_v = np.empty(fbuf[-1])
             f_on = np.empty(fbuf[-1], dtype=np.bool_)
             again = np.zeros(due.shape[0], dtype=np.bool_)
-            if self.scratch.shape[1] < st.pool.capacity:
-                self.scratch = np.empty((2, st.pool.capacity))
-            process(due, st.seg, st.nf, st.pool.arrays, self.scratch, self.a, st.E, self.G,
+            process(due, st.seg, st.nf, st.pool.arrays, self._scratch(), self.a, st.E, self.G,
                     st.xnorm, st.eta_s, st.b, st.R, self.P, self._per_p(), self.cert, fbuf,
                     f_j, f_v, f_on, again)
         with self.timer("update"):
@@ -411,10 +373,3 @@ class KernelTrainer(Trainer):
         self.fired += d_fired
         self.moved += d_moved
         return int(fr.shape[0])
-
-    def final_loss(self) -> float:
-        return self._loss(self.u)[1]
-
-    def finish(self) -> None:
-        self.state.eta_s = self.lr * self.scale
-        self.state.materialize(self.model._W)

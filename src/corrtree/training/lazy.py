@@ -108,15 +108,16 @@ def forward(neurons, seg, pool, a, b, scale, n):
     return u * scale
 
 
-class LazyTrainer(Trainer):
-    """Exact GD whose per-iteration cost does not depend on ``d`` (see module docs).
+class BandTrainer(Trainer):
+    """What the lazy and kernel trainers share: anchored products, tracked pairs,
+    implicit weights, and outputs computed once from the exact firing values.
 
     Options
     -------
     band : float, optional
         Half-width ``β`` of the tracked band around ``b`` (default
-        :func:`default_band`); a larger band tracks more pairs and re-anchors
-        less often.
+        :func:`default_band`), the re-anchoring budget: a larger band tracks
+        more pairs and re-anchors less often.
     anchor_dtype : {"float64", "float32"}, optional
         Storage of the anchored products (default: float64 when the n×m rows
         take under a quarter of free memory).
@@ -125,11 +126,9 @@ class LazyTrainer(Trainer):
         every product within the float32 error bound of the band is
         recomputed in float64, so the trajectory is the same.
     _certificate_scale : float
-        Multiplies the measured drifts.  Only for testing that the tests catch
-        a certificate that is too tight: any value below 1 can miss crossings.
+        Multiplies the drift bounds.  Only for testing that the tests catch a
+        certificate that is too tight: any value below 1 can miss crossings.
     """
-
-    name = "lazy"
 
     def __init__(self, model, X, Y, G, band: float | None = None,
                  anchor_dtype: str | None = None, gemm_dtype: str = "float32",
@@ -140,13 +139,11 @@ class LazyTrainer(Trainer):
         if not band > 0:
             raise ValueError(f"band must be > 0, got {band}")
         anchor_dtype = anchor_dtype or choose_storage(n, self.m, d, self.a.shape[1])
-        self.state = BandState(model._W, X, G, self.a, self.b, band, anchor_dtype, gemm_dtype)
-        st = self.state
-        every = np.arange(self.m)
-        refresh_keys(every, st.seg, st.nf, st.pool.arrays, st.xnorm, st.b)
-        update_sigma(every, st.seg, st.nf, st.pool.arrays, G)
-        self.moved = np.flatnonzero(st.seg[:, NFIRE]).astype(np.int64)
-        self.u = forward(self.moved, st.seg, st.pool.arrays, self.a, self.b, self.scale, n)
+        self.state = st = BandState(model._W, X, G, self.a, self.b, band, anchor_dtype,
+                                    gemm_dtype)
+        update_sigma(np.arange(self.m), st.seg, st.nf, st.pool.arrays, G)
+        self.u = forward(np.flatnonzero(st.seg[:, NFIRE]).astype(np.int64), st.seg,
+                         st.pool.arrays, self.a, self.b, self.scale, n)
         self.flips = 0
         self.scratch = np.empty((2, st.pool.capacity))  # per-entry coefficient changes
         self.cert = float(_certificate_scale)
@@ -155,6 +152,31 @@ class LazyTrainer(Trainer):
 
     def initial_fire_sets(self) -> tuple[np.ndarray, np.ndarray]:
         return self.state.firing_csr()
+
+    def _scratch(self) -> np.ndarray:
+        if self.scratch.shape[1] < self.state.pool.capacity:
+            self.scratch = np.empty((2, self.state.pool.capacity))
+        return self.scratch
+
+    def final_loss(self) -> float:
+        return self._loss(self.u)[1]
+
+    def finish(self) -> None:
+        self.state.eta_s = self.lr * self.scale
+        self.state.materialize(self.model._W)
+
+
+class LazyTrainer(BandTrainer):
+    """Exact GD whose per-iteration cost does not depend on ``d`` (see module docs;
+    options: :class:`BandTrainer`)."""
+
+    name = "lazy"
+
+    def __init__(self, model, X, Y, G, **options: Any) -> None:
+        super().__init__(model, X, Y, G, **options)
+        st = self.state
+        refresh_keys(np.arange(self.m), st.seg, st.nf, st.pool.arrays, st.xnorm, st.b)
+        self.moved = np.flatnonzero(st.seg[:, NFIRE]).astype(np.int64)
 
     def step(self) -> dict[str, Any]:
         st = self.state
@@ -166,9 +188,7 @@ class LazyTrainer(Trainer):
             st.E += err
             flips = np.zeros(self.moved.shape[0], dtype=np.int64)
             again = np.zeros(self.moved.shape[0], dtype=np.bool_)
-            if self.scratch.shape[1] < st.pool.capacity:
-                self.scratch = np.empty((2, st.pool.capacity))
-            _evaluate(self.moved, st.seg, st.nf, st.pool.arrays, self.scratch, self.a, st.E, err,
+            _evaluate(self.moved, st.seg, st.nf, st.pool.arrays, self._scratch(), self.a, st.E, err,
                       self.G, st.xnorm, st.eta_s, st.b, st.R, self.cert, flips, again)
             self.flips = int(flips.sum())
         with self.timer("update"):
@@ -184,10 +204,3 @@ class LazyTrainer(Trainer):
         row["reanchored"] = int(rows.shape[0])
         row.update(self.timer.pop())
         return row
-
-    def final_loss(self) -> float:
-        return self._loss(self.u)[1]
-
-    def finish(self) -> None:
-        self.state.eta_s = self.lr * self.scale
-        self.state.materialize(self.model._W)

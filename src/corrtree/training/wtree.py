@@ -7,13 +7,13 @@ from typing import Any
 import numpy as np
 
 from ..trees import CorrelationWTree
-from ._base import Trainer
-from ._sparse import apply_sparse_gradient, count_changed, outputs_from_products, transpose_csr
+from ._base import TreeTrainer
+from ._sparse import count_changed, outputs_from_products, transpose_csr
 
 __all__ = ["WTreeTrainer"]
 
 
-class WTreeTrainer(Trainer):
+class WTreeTrainer(TreeTrainer):
     """Algorithm TrainingWithProcessData of the paper.
 
     Preprocessing builds a :class:`~corrtree.CorrelationWTree` and queries
@@ -50,22 +50,10 @@ class WTreeTrainer(Trainer):
         err, loss = self._loss(self._outputs())
         indptr, idx = self.fire_r
         flips = 0 if self.prev_fire_r is None else count_changed(*self.prev_fire_r, indptr, idx)
-        with self.timer("backward"):
-            moved = apply_sparse_gradient(self.tree._W, indptr, idx, self.X, self.a, err,
-                                          self.lr * self.scale)
-        with self.timer("update"):
-            self.tree._apply(moved, self.tree._W[moved])
+        moved = self._gradient_step(self.fire_r, err)
         with self.timer("query"):
             self.prev_fire_r = self.fire_r
             self.fire_r = self.tree.query_all(self.b)
             self.fire_i = transpose_csr(*self.fire_r, self.X.shape[0])
         return {"loss": loss, "fired_pairs": int(idx.shape[0]), "moved_neurons": len(moved),
                 "flips": flips, "band_pairs": 0, "reanchored": 0, **self.timer.pop()}
-
-    def final_loss(self) -> float:
-        loss = self._loss(self._outputs())[1]
-        self.timer.pop()
-        return loss
-
-    def finish(self) -> None:
-        self.model._W[...] = self.tree._W
