@@ -110,9 +110,14 @@ class FiringDetector:
         self._off = off
         self._bits = np.zeros((n, int(off[-1])), dtype=np.uint64)
         self._counts = np.zeros(n, dtype=np.int64)
+        P = np.empty((n, block))  # reused by every full block
         for c0 in range(0, m, block):
-            P = np.dot(self._X, self._Y[c0 : c0 + block].T)
-            _bittree.pack(P, b, self._bits, c0, self._counts)
+            Yb = self._Y[c0 : c0 + block]
+            if Yb.shape[0] == block:
+                np.matmul(self._X, Yb.T, out=P)
+                _bittree.pack(P, b, self._bits, c0, self._counts)
+            else:
+                _bittree.pack(self._X @ Yb.T, b, self._bits, c0, self._counts)
         _bittree.build_summaries(self._bits, off)
 
     @property

@@ -51,11 +51,9 @@ class _CorrelationTrees:
         self._X = as_matrix("X", X)
         self._W = as_matrix("W", W)
         self._off = off
-        self._V = np.empty((n_trees, n_leaves), dtype=np.float64)
-        if self._per_data_point:
-            np.dot(self._X, self._W.T, out=self._V)
-        else:
-            np.dot(self._W, self._X.T, out=self._V)
+        # one GEMM (matmul's own output allocation faults its pages in faster than
+        # a np.dot into a fresh np.empty)
+        self._V = self._X @ self._W.T if self._per_data_point else self._W @ self._X.T
         self._inner = np.empty((n_trees, int(off[-1])), dtype=np.float64)
         _maxtree.build(self._V, self._inner, self._off)
 
