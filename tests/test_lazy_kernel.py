@@ -105,6 +105,23 @@ def test_kernel_needs_room_for_the_ntk_matrix(monkeypatch):
 
 
 @pytest.mark.parametrize("method", FAST)
+@pytest.mark.parametrize(("option", "value"), [("gemm_dtype", "float16"),
+                                               ("anchor_dtype", "int64"),
+                                               ("anchor_dtype", "no such type")])
+def test_bad_dtype_options(method, option, value):
+    X, y, model = _problem(20, 100, 4, 1, 0)
+    with pytest.raises(ValueError, match=f"{option} must be 'float32' or 'float64'"):
+        ct.train(model, X, y, method=method, iters=1, **{option: value})
+
+
+def test_default_storage_follows_the_gemm():
+    X, y, model = _problem(20, 100, 4, 1, 0)
+    assert ct.train(model, X, y, method="lazy", iters=1).info["anchor_dtype"] == "float32"
+    hist = ct.train(model, X, y, method="lazy", iters=1, gemm_dtype="float64")
+    assert hist.info["anchor_dtype"] == "float64"
+
+
+@pytest.mark.parametrize("method", FAST)
 def test_bad_band(method):
     X, y, model = _problem(20, 100, 4, 1, 0)
     with pytest.raises(ValueError, match="band must be > 0"):

@@ -559,14 +559,22 @@ class BandState:
         if block is None:
             block = max(1, min(m, (128 * 2**20) // (8 * n)))
         tau_all = np.full(m, self.b - self.band)
+        if gemm32:  # one float32 buffer for the blocks of W0
+            w32 = np.empty((min(block, m), d), dtype=np.float32)
         for s in range(0, m, block):
-            rows = np.arange(s, min(s + block, m), dtype=np.int64)
+            e = min(s + block, m)
+            rows = np.arange(s, e, dtype=np.int64)
             if gemm32:
-                U = W0[s : s + block].astype(np.float32) @ X32.T
+                np.copyto(w32[: e - s], W0[s:e], casting="same_kind")
+                A, B = w32[: e - s], X32
             else:
-                U = W0[s : s + block] @ X.T
-            self.V[s : s + block] = U
-            _maxtree.build(self.V[s : s + block], self.inner[s : s + block], self.off)
+                A, B = W0[s:e], X
+            if A.dtype == self.anchor_dtype:  # the GEMM writes the rows in place
+                U = np.matmul(A, B.T, out=self.V[s:e])
+            else:
+                U = A @ B.T
+                self.V[s:e] = U
+            _maxtree.build(self.V[s:e], self.inner[s:e], self.off)
             counts = count_candidates(self.V, self.inner, self.off, rows, tau_all[rows],
                                       self.nf[:, LEAF_ERR])
             if s == 0:  # size the pool from the first block, with a margin

@@ -83,12 +83,7 @@ def heap_push(keys, ids, size, key, r):
 
 
 @njit(cache=True)
-def heap_pop(keys, ids, size):
-    """Remove the top; returns the new size (the popped id is ``ids[size - 1]`` before)."""
-    size -= 1
-    keys[0], keys[size] = keys[size], keys[0]
-    ids[0], ids[size] = ids[size], ids[0]
-    i = 0
+def _sift_down(keys, ids, size, i):
     while True:
         left = 2 * i + 1
         if left >= size:
@@ -102,26 +97,97 @@ def heap_pop(keys, ids, size):
             i = child
         else:
             break
+
+
+@njit(cache=True)
+def heapify(keys, ids, size):
+    """Make ``keys[:size]`` a heap in O(size)."""
+    for i in range(size // 2 - 1, -1, -1):
+        _sift_down(keys, ids, size, i)
+
+
+@njit(cache=True)
+def heap_pop(keys, ids, size):
+    """Remove the top; returns the new size (the popped id is ``ids[size - 1]`` before)."""
+    size -= 1
+    keys[0], keys[size] = keys[size], keys[0]
+    ids[0], ids[size] = ids[size], ids[0]
+    _sift_down(keys, ids, size, 0)
     return size
 
 
 @njit(cache=True)
+def _count_due(keys, size, limit, cap):
+    """``min(cap, number of keys <= limit)``, visiting only those nodes: O(result)."""
+    if size == 0 or keys[0] > limit:
+        return 0
+    stack = np.empty(cap + 2, dtype=np.int64)
+    stack[0] = 0
+    top = 1
+    count = 0
+    while top > 0:
+        top -= 1
+        i = stack[top]
+        count += 1
+        if count >= cap:
+            break
+        for c in (2 * i + 1, 2 * i + 2):
+            if c < size and keys[c] <= limit:
+                stack[top] = c
+                top += 1
+    return count
+
+
+@njit(cache=True)
 def pop_due(keys, ids, size, limit):
-    """Pop every neuron whose key is ``<= limit``; returns (sorted neurons, new size)."""
-    out = []
-    while size > 0 and keys[0] <= limit:
-        out.append(ids[0])
-        size = heap_pop(keys, ids, size)
-    due = np.array(out, dtype=np.int64) if out else np.empty(0, dtype=np.int64)
+    """Pop every neuron whose key is ``<= limit``; returns (sorted neurons, new size).
+
+    O(k log size) for k due neurons, or O(size) (a filter and a heapify) when
+    k > size/16, whichever is less.
+    """
+    cap = size // 16 + 1
+    if _count_due(keys, size, limit, cap) < cap:
+        k = 0
+        due = np.empty(cap, dtype=np.int64)
+        while size > 0 and keys[0] <= limit:
+            due[k] = ids[0]
+            k += 1
+            size = heap_pop(keys, ids, size)
+    else:
+        due = np.empty(size, dtype=np.int64)
+        k = 0
+        keep = 0
+        for i in range(size):
+            if keys[i] <= limit:
+                due[k] = ids[i]
+                k += 1
+            else:
+                keys[keep] = keys[i]
+                ids[keep] = ids[i]
+                keep += 1
+        size = keep
+        heapify(keys, ids, size)
+    due = due[:k].copy()
     due.sort()
     return due, size
 
 
 @njit(cache=True)
 def push_all(keys, ids, size, rows, nf):
+    """Push the neurons of ``rows`` with a finite key: one by one, or appended and
+    heapified (O(size)) when they are more than size/16."""
+    bulk = rows.shape[0] > size // 16
     for k in range(rows.shape[0]):
-        if np.isfinite(nf[rows[k], KEY]):
-            size = heap_push(keys, ids, size, nf[rows[k], KEY], rows[k])
+        key = nf[rows[k], KEY]
+        if np.isfinite(key):
+            if bulk:
+                keys[size] = key
+                ids[size] = rows[k]
+                size += 1
+            else:
+                size = heap_push(keys, ids, size, key, rows[k])
+    if bulk:
+        heapify(keys, ids, size)
     return size
 
 

@@ -56,10 +56,25 @@ def default_band(n: int, m: int, d: int) -> float:
     return 0.5
 
 
-def choose_storage(n: int, m: int, d: int, K: int) -> str:
-    """float64 anchored rows unless they would take more than a quarter of free memory
-    (they share it with W, the tracked pairs and the preprocessing blocks)."""
-    return "float64" if 8.0 * n * m <= 0.25 * available_memory() else "float32"
+def _float_kind(name: str, value: Any) -> str:
+    """``value`` as ``"float32"`` or ``"float64"``, or a ValueError naming ``name``."""
+    try:
+        kind = np.dtype(value).name
+    except TypeError:
+        kind = None
+    if kind not in ("float32", "float64"):
+        raise ValueError(f"{name} must be 'float32' or 'float64', got {value!r}")
+    return kind
+
+
+def choose_storage(n: int, m: int, gemm_dtype: str) -> str:
+    """Storage of the anchored rows: float32 when the preprocessing GEMM is float32
+    (float64 leaves would hold the same float32 values), and also when float64 rows
+    would take more than a quarter of free memory (they share it with W, the tracked
+    pairs and the preprocessing blocks); float64 otherwise."""
+    if np.dtype(gemm_dtype) == np.float32 or 8.0 * n * m > 0.25 * available_memory():
+        return "float32"
+    return "float64"
 
 
 @njit(cache=True, parallel=True)
@@ -119,8 +134,11 @@ class BandTrainer(Trainer):
         :func:`default_band`), the re-anchoring budget: a larger band tracks
         more pairs and re-anchors less often.
     anchor_dtype : {"float64", "float32"}, optional
-        Storage of the anchored products (default: float64 when the n×m rows
-        take under a quarter of free memory).
+        Storage of the anchored products (default :func:`choose_storage`:
+        float32 with the default float32 GEMM, float64 with a float64 GEMM
+        unless the n×m rows would take over a quarter of free memory).  Leaves
+        carry their rounding error into every query, so both give the same
+        trajectory.
     gemm_dtype : {"float32", "float64"}
         Precision of the preprocessing GEMM (default float32, twice as fast);
         every product within the float32 error bound of the band is
@@ -138,7 +156,9 @@ class BandTrainer(Trainer):
         band = default_band(n, self.m, d) if band is None else float(band)
         if not band > 0:
             raise ValueError(f"band must be > 0, got {band}")
-        anchor_dtype = anchor_dtype or choose_storage(n, self.m, d, self.a.shape[1])
+        gemm_dtype = _float_kind("gemm_dtype", gemm_dtype)
+        anchor_dtype = (choose_storage(n, self.m, gemm_dtype) if anchor_dtype is None
+                        else _float_kind("anchor_dtype", anchor_dtype))
         self.state = st = BandState(model._W, X, G, self.a, self.b, band, anchor_dtype,
                                     gemm_dtype)
         update_sigma(np.arange(self.m), st.seg, st.nf, st.pool.arrays, G)
