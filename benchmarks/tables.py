@@ -30,6 +30,10 @@ def _ms(s: float) -> str:
     return f"{1e3 * s:.3g} ms" if s < 1 else f"{s:.3g} s"
 
 
+def _x(v: float) -> str:
+    return f"{v:.0f}×" if v >= 100 else f"{v:.3g}×"
+
+
 def machine(res: dict) -> str:
     m = res["machine"]
     return (f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; numpy {m['numpy']}, "
@@ -84,8 +88,9 @@ def fast(res: dict, method: str) -> str:
         if k and k in h:
             r = h[k]
             whole = r.get("whole_run_20_s_extrapolated", r.get("total_s"))
-            rows.append([k, f"{r.get('preprocess_s', float('nan')):.3g} s", _ms(r["per_iter_s"]),
-                         f"{h['dense']['per_iter_s'] / r['per_iter_s']:.0f}×",
+            pre = f"{r['preprocess_s']:.3g} s" if "preprocess_s" in r else "—"
+            rows.append([k, pre, _ms(r["per_iter_s"]),
+                         _x(h['dense']['per_iter_s'] / r['per_iter_s']),
                          f"{whole:.3g} s", f"{r['peak_rss_gib']:.2f} GiB"])
     out = [f"n={h['n']}, d={h['d']}, m={h['m']}: one float64 GEMM of n×d×m takes "
            f"{h['gemm64_s']:.3g} s, float32 {h['gemm32_s']:.3g} s; the whole {method} run "
@@ -94,18 +99,21 @@ def fast(res: dict, method: str) -> str:
            f"{h['trajectories_agree']} (losses within "
            f"{h['dense']['max_rel_loss_diff']:.1g}, weights within "
            f"{h['dense']['rel_W_sketch_diff']:.1g}).", "",
-           _table(["method", "preprocess", "per iteration (median)", "vs dense",
+           _table(["method", "preprocess", "per iteration (median)", "speed-up vs dense",
                    "whole run (20 it.)", "peak RSS"], rows), ""]
     sm = res["scaling_m"]
-    out += [f"Scaling in m (slope of log time against log m: {sm['slope']:.2f}):", "",
+    r0 = sm["rows"][0]
+    out += [f"Scaling in m at n={r0['n']}, d={r0['d']} (slope of log time against log m: "
+            f"{sm['slope']:.2f}):", "",
             _table(["m", "per iteration", "preprocess", "peak RSS"],
                    [[r["m"], _ms(r["per_iter_s"]), f"{r['preprocess_s']:.3g} s",
                      f"{r['peak_rss_gib']:.2f} GiB"] for r in sm["rows"]]), ""]
     for key in ("d", "n"):
         sc = res.get(f"scaling_{key}")
         if sc:
-            out += [f"Scaling in {key} (slope {sc['slope']:.2f}, max/min "
-                    f"{sc['max_over_min']:.2f}):", "",
+            fixed = ", ".join(f"{k}={sc['rows'][0][k]}" for k in ("n", "m", "d") if k != key)
+            out += [f"Scaling in {key} at {fixed} (slope {sc['slope']:.2f}, max/min "
+                    f"{sc['max_over_min']:.3g}):", "",
                     _table([key, "per iteration"],
                            [[r[key], _ms(r["per_iter_s"])] for r in sc["rows"]]), ""]
     if "long_run" in res:
@@ -118,7 +126,13 @@ def fast(res: dict, method: str) -> str:
     dg = res["digits"]
     out += [f"digits (n=1797, K=10, m={dg['m']}): {method} {_ms(dg[method]['per_iter_s'])} per "
             f"iteration, dense {_ms(dg['dense']['per_iter_s'])}, PyTorch "
-            f"{_ms(dg['torch']['per_iter_s'])} ({dg['speedup_vs_dense']:.2f}× dense).", ""]
+            f"{_ms(dg['torch']['per_iter_s'])}: {method} runs at "
+            f"{dg['speedup_vs_dense']:.2g}× the speed of dense GD.", ""]
+    for run in res.get("earlier_headline_runs", []):
+        out += [f"An earlier run of the same suite on the same machine measured {method} "
+                f"{_x(run['speedup_per_iter']['vs_dense'])} faster than dense per iteration "
+                f"(median) and a whole run of {run['whole_run_vs_gemm64']:.2f}× one float64 GEMM "
+                f"({run['gemm64_s']:.3g} s then).", ""]
     mem = res["memory"]
     out += [f"Peak RSS at m={res['params']['mem_m']}, n={res['params']['n']}, "
             f"d={res['params']['d']}: {mem['peak_rss_gib']:.2f} GiB."]
