@@ -3,10 +3,7 @@
 Usage: python benchmarks/bench_lazy.py [--size small|medium|large] [--out DIR]
 """
 
-import os
-
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # before numpy is imported
-
+import corrtree  # noqa: F401  (first: it sets the BLAS threads up before numpy loads)
 from corrtree.bench import fast, script
 
 if __name__ == "__main__":

@@ -36,33 +36,61 @@ def _x(v: float) -> str:
 
 def machine(res: dict) -> str:
     m = res["machine"]
-    return (f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; numpy {m['numpy']}, "
-            f"numba {m['numba']}; measured {m['date']}")
+    return (
+        f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; numpy {m['numpy']}, "
+        f"numba {m['numba']}; measured {m['date']}"
+    )
 
 
 def ddfn(res: dict) -> str:
     dyn = res["dynamic"]
     med = dyn["median_round_s"]
-    out = [f"Dynamic workload: n={dyn['n']}, m={dyn['m']}, d={dyn['d']}, {dyn['rounds']} "
-           f"rounds of {dyn['moves']} moved weights then a full query, about "
-           f"{dyn['median_pairs']:.0f} firing pairs (1%); all three answers agree: "
-           f"{dyn['all_agree']}.", "",
-           _table(["method", "median round", "vs FiringDetector"],
-                  [[k, _ms(v), f"{v / med['detector']:.1f}×"] for k, v in med.items()]), ""]
+    out = [
+        f"Dynamic workload: n={dyn['n']}, m={dyn['m']}, d={dyn['d']}, {dyn['rounds']} "
+        f"rounds of {dyn['moves']} moved weights then a full query, about "
+        f"{dyn['median_pairs']:.0f} firing pairs (1%); all three answers agree: "
+        f"{dyn['all_agree']}.",
+        "",
+        _table(
+            ["method", "median round", "vs FiringDetector"],
+            [[k, _ms(v), f"{v / med['detector']:.1f}×"] for k, v in med.items()],
+        ),
+        "",
+    ]
     init = res["init"]
-    out += [_table(["structure", "init", "vs one GEMM"],
-                   [[k, _ms(v["seconds"]), f"{v['vs_gemm']:.2f}×"] for k, v in init.items()]),
-            ""]
+    out += [
+        _table(
+            ["structure", "init", "vs one GEMM"],
+            [[k, _ms(v["seconds"]), f"{v['vs_gemm']:.2f}×"] for k, v in init.items()],
+        ),
+        "",
+    ]
     mem = res["memory"]
     p = res["params"]
-    out += [_table([f"structure (n={p['n']}, m={p['mem_m']}, d={p['d']})", "held / 8nm",
-                    "peak RSS increase / 8nm"],
-                   [[k, f"{v['structure_vs_products']:.3f}", f"{v['peak_rss_vs_products']:.3f}"]
-                    for k, v in mem.items()]), ""]
+    out += [
+        _table(
+            [
+                f"structure (n={p['n']}, m={p['mem_m']}, d={p['d']})",
+                "held / 8nm",
+                "peak RSS increase / 8nm",
+            ],
+            [
+                [k, f"{v['structure_vs_products']:.3f}", f"{v['peak_rss_vs_products']:.3f}"]
+                for k, v in mem.items()
+            ],
+        ),
+        "",
+    ]
     qo = res["query_vs_output"]
-    out += [_table(["firing pairs", "DTree.query_all", "FiringDetector.query"],
-                   [[r["pairs"], _ms(r["dtree_query_all_s"]), _ms(r["detector_query_s"])]
-                    for r in qo["rows"]])]
+    out += [
+        _table(
+            ["firing pairs", "DTree.query_all", "FiringDetector.query"],
+            [
+                [r["pairs"], _ms(r["dtree_query_all_s"]), _ms(r["detector_query_s"])]
+                for r in qo["rows"]
+            ],
+        )
+    ]
     return "\n".join(out)
 
 
@@ -74,68 +102,130 @@ def train(res: dict) -> str:
         for k in ("dense", "dtree", "wtree", "torch"):
             if r.get(k):
                 moved = r[k].get("moved_share")
-                rows.append([label, k, _ms(r[k]["per_iter_s"]),
-                             f"{dense / r[k]['per_iter_s']:.2f}×",
-                             f"{sum(moved) / len(moved):.3f}" if moved else ""])
+                rows.append(
+                    [
+                        label,
+                        k,
+                        _ms(r[k]["per_iter_s"]),
+                        f"{dense / r[k]['per_iter_s']:.2f}×",
+                        f"{sum(moved) / len(moved):.3f}" if moved else "",
+                    ]
+                )
     return _table(["size", "method", "per iteration", "speed-up vs dense", "moved share"], rows)
 
 
 def fast(res: dict, method: str) -> str:
     h = res["headline"]
     rows = []
-    for k in (method, "lazy" if method == "kernel" else None, "dense", "torch", "dtree",
-              "wtree"):
+    for k in (method, "lazy" if method == "kernel" else None, "dense", "torch", "dtree", "wtree"):
         if k and k in h:
             r = h[k]
             whole = r.get("whole_run_20_s_extrapolated", r.get("total_s"))
             pre = f"{r['preprocess_s']:.3g} s" if "preprocess_s" in r else "—"
-            rows.append([k, pre, _ms(r["per_iter_s"]),
-                         _x(h['dense']['per_iter_s'] / r['per_iter_s']),
-                         f"{whole:.3g} s", f"{r['peak_rss_gib']:.2f} GiB"])
-    out = [f"n={h['n']}, d={h['d']}, m={h['m']}: one float64 GEMM of n×d×m takes "
-           f"{h['gemm64_s']:.3g} s, float32 {h['gemm32_s']:.3g} s; the whole {method} run "
-           f"(preprocessing + 20 iterations) is {h['whole_run_vs_gemm64']:.2f}× the float64 GEMM "
-           f"and its preprocessing {h['preprocess_vs_gemm64']:.2f}×; trajectories agree: "
-           f"{h['trajectories_agree']} (losses within "
-           f"{h['dense']['max_rel_loss_diff']:.1g}, weights within "
-           f"{h['dense']['rel_W_sketch_diff']:.1g}).", "",
-           _table(["method", "preprocess", "per iteration (median)", "speed-up vs dense",
-                   "whole run (20 it.)", "peak RSS"], rows), ""]
+            rows.append(
+                [
+                    k,
+                    pre,
+                    _ms(r["per_iter_s"]),
+                    _x(h["dense"]["per_iter_s"] / r["per_iter_s"]),
+                    f"{whole:.3g} s",
+                    f"{r['peak_rss_gib']:.2f} GiB",
+                ]
+            )
+    out = [
+        f"n={h['n']}, d={h['d']}, m={h['m']}: one float64 GEMM of n×d×m takes "
+        f"{h['gemm64_s']:.3g} s, float32 {h['gemm32_s']:.3g} s; the whole {method} run "
+        f"(preprocessing + 20 iterations) is {h['whole_run_vs_gemm64']:.2f}× the float64 GEMM "
+        f"and its preprocessing {h['preprocess_vs_gemm64']:.2f}×; trajectories agree: "
+        f"{h['trajectories_agree']} (losses within "
+        f"{h['dense']['max_rel_loss_diff']:.1g}, weights within "
+        f"{h['dense']['rel_W_sketch_diff']:.1g}).",
+        "",
+        _table(
+            [
+                "method",
+                "preprocess",
+                "per iteration (median)",
+                "speed-up vs dense",
+                "whole run (20 it.)",
+                "peak RSS",
+            ],
+            rows,
+        ),
+        "",
+    ]
     sm = res["scaling_m"]
     r0 = sm["rows"][0]
-    out += [f"Scaling in m at n={r0['n']}, d={r0['d']} (slope of log time against log m: "
-            f"{sm['slope']:.2f}):", "",
-            _table(["m", "per iteration", "preprocess", "peak RSS"],
-                   [[r["m"], _ms(r["per_iter_s"]), f"{r['preprocess_s']:.3g} s",
-                     f"{r['peak_rss_gib']:.2f} GiB"] for r in sm["rows"]]), ""]
+    out += [
+        f"Scaling in m at n={r0['n']}, d={r0['d']} (slope of log time against log m: "
+        f"{sm['slope']:.2f}):",
+        "",
+        _table(
+            ["m", "per iteration", "preprocess", "peak RSS"],
+            [
+                [
+                    r["m"],
+                    _ms(r["per_iter_s"]),
+                    f"{r['preprocess_s']:.3g} s",
+                    f"{r['peak_rss_gib']:.2f} GiB",
+                ]
+                for r in sm["rows"]
+            ],
+        ),
+        "",
+    ]
     for key in ("d", "n"):
         sc = res.get(f"scaling_{key}")
         if sc:
             fixed = ", ".join(f"{k}={sc['rows'][0][k]}" for k in ("n", "m", "d") if k != key)
-            out += [f"Scaling in {key} at {fixed} (slope {sc['slope']:.2f}, max/min "
-                    f"{sc['max_over_min']:.3g}):", "",
-                    _table([key, "per iteration"],
-                           [[r[key], _ms(r["per_iter_s"])] for r in sc["rows"]]), ""]
+            out += [
+                f"Scaling in {key} at {fixed} (slope {sc['slope']:.2f}, max/min "
+                f"{sc['max_over_min']:.3g}):",
+                "",
+                _table(
+                    [key, "per iteration"], [[r[key], _ms(r["per_iter_s"])] for r in sc["rows"]]
+                ),
+                "",
+            ]
     if "long_run" in res:
         lr = res["long_run"]
-        out += [f"Long run ({lr['iters']} iterations at lr = {lr['lr']:.3g}):", "",
-                _table(["method", "total", "per iteration (median)"],
-                       [[k + (" (extrapolated from 5 iterations)" if k == "dense" else ""),
-                         f"{lr[k]['total_s']:.3g} s", _ms(lr[k]["per_iter_s"])]
-                        for k in ("kernel", "lazy", "dense")]), ""]
+        out += [
+            f"Long run ({lr['iters']} iterations at lr = {lr['lr']:.3g}):",
+            "",
+            _table(
+                ["method", "total", "per iteration (median)"],
+                [
+                    [
+                        k + (" (extrapolated from 5 iterations)" if k == "dense" else ""),
+                        f"{lr[k]['total_s']:.3g} s",
+                        _ms(lr[k]["per_iter_s"]),
+                    ]
+                    for k in ("kernel", "lazy", "dense")
+                ],
+            ),
+            "",
+        ]
     dg = res["digits"]
-    out += [f"digits (n=1797, K=10, m={dg['m']}): {method} {_ms(dg[method]['per_iter_s'])} per "
-            f"iteration, dense {_ms(dg['dense']['per_iter_s'])}, PyTorch "
-            f"{_ms(dg['torch']['per_iter_s'])}: {method} runs at "
-            f"{dg['speedup_vs_dense']:.2g}× the speed of dense GD.", ""]
+    out += [
+        f"digits (n=1797, K=10, m={dg['m']}): {method} {_ms(dg[method]['per_iter_s'])} per "
+        f"iteration, dense {_ms(dg['dense']['per_iter_s'])}, PyTorch "
+        f"{_ms(dg['torch']['per_iter_s'])}: {method} runs at "
+        f"{dg['speedup_vs_dense']:.2g}× the speed of dense GD.",
+        "",
+    ]
     for run in res.get("earlier_headline_runs", []):
-        out += [f"An earlier run of the same suite on the same machine measured {method} "
-                f"{_x(run['speedup_per_iter']['vs_dense'])} faster than dense per iteration "
-                f"(median) and a whole run of {run['whole_run_vs_gemm64']:.2f}× one float64 GEMM "
-                f"({run['gemm64_s']:.3g} s then).", ""]
+        out += [
+            f"An earlier run of the same suite on the same machine measured {method} "
+            f"{_x(run['speedup_per_iter']['vs_dense'])} faster than dense per iteration "
+            f"(median) and a whole run of {run['whole_run_vs_gemm64']:.2f}× one float64 GEMM "
+            f"({run['gemm64_s']:.3g} s then).",
+            "",
+        ]
     mem = res["memory"]
-    out += [f"Peak RSS at m={res['params']['mem_m']}, n={res['params']['n']}, "
-            f"d={res['params']['d']}: {mem['peak_rss_gib']:.2f} GiB."]
+    out += [
+        f"Peak RSS at m={res['params']['mem_m']}, n={res['params']['n']}, "
+        f"d={res['params']['d']}: {mem['peak_rss_gib']:.2f} GiB."
+    ]
     return "\n".join(out)
 
 
@@ -144,8 +234,12 @@ def main() -> None:
     parser.add_argument("--size", default="large")
     parser.add_argument("--results", default=os.path.join(os.path.dirname(__file__), "results"))
     args = parser.parse_args()
-    for name, fmt in (("ddfn", ddfn), ("train", train), ("lazy", lambda r: fast(r, "lazy")),
-                      ("kernel", lambda r: fast(r, "kernel"))):
+    for name, fmt in (
+        ("ddfn", ddfn),
+        ("train", train),
+        ("lazy", lambda r: fast(r, "lazy")),
+        ("kernel", lambda r: fast(r, "kernel")),
+    ):
         res = _load(args.results, f"{name}_{args.size}")
         if res is not None:
             print(f"### {name}\n\n{machine(res)}\n\n{fmt(res)}\n")

@@ -54,3 +54,58 @@ def gradient_descent(W, a, b, X, Y, lr, iters):
         coef = (U >= b) * np.einsum("rk,ik->ri", a, err) / np.sqrt(m)
         W -= lr * np.einsum("ri,id->rd", coef, X)
     return W, losses
+
+
+# -- band trainers: brute-force twins of the kernels in corrtree.training._pairs ------
+
+
+def coefficients(seg, pool, a, E, eta_s, m, n):
+    """Dense ``C`` (m×n) of the implicit weights ``W = W0 - C X``, one entry at a time:
+    ``kappa`` plus ``eta_s·<a_r, E_j>`` while the pair fires, over the ever-fired prefix."""
+    C = np.zeros((m, n))
+    for r in range(m):
+        start, supp = seg[r, 0], seg[r, 3]
+        for q in range(start, start + supp):
+            c = pool.kappa[q]
+            if pool.fire[q]:
+                c += eta_s * float(np.dot(a[r], E[pool.j[q]]))
+            C[r, pool.j[q]] = c
+    return C
+
+
+def gershgorin_sigma(G, points):
+    """``sqrt`` of the largest absolute row sum of ``G[S, S]``."""
+    if len(points) == 0:
+        return 0.0
+    sub = np.abs(G[np.ix_(points, points)])
+    return float(np.sqrt(max(sub.sum(axis=1))))
+
+
+def outputs_from_values(pairs, a, b, n, m):
+    """``u_j = (1/sqrt m)·Σ a_r (v - b)`` over firing ``(r, j, v)`` triples."""
+    u = np.zeros((n, a.shape[1]))
+    for r, j, v in pairs:
+        u[j] += a[r] * (v - b)
+    return u / np.sqrt(m)
+
+
+def ntk(F, G, a):
+    """``H[(i,k),(j,l)] = (1/m)·Σ_r a_rk a_rl F_ri F_rj G_ij`` from a dense mask F (m×n)."""
+    m, n = F.shape
+    K = a.shape[1]
+    H = np.zeros((n * K, n * K))
+    for r in range(m):
+        on = np.flatnonzero(F[r])
+        for i in on:
+            for j in on:
+                H[i * K : (i + 1) * K, j * K : (j + 1) * K] += np.outer(a[r], a[r]) * G[i, j]
+    return H / m
+
+
+def sparse_step(W, F, X, a, err, step):
+    """``w_r - step·Σ_{i: F_ri} <a_r, err_i>·x_i`` for every neuron."""
+    out = W.copy()
+    for r in range(W.shape[0]):
+        for i in np.flatnonzero(F[r]):
+            out[r] -= step * float(np.dot(a[r], err[i])) * X[i]
+    return out

@@ -34,23 +34,58 @@ def assert_one_line_error(proc, code, text):
 def test_help_is_complete(command):
     out = run(command, "--help").stdout
     assert "usage: corrtree " + command in out
-    for word in {"demo": ["--width", "--iters", "--out"],
-                 "train": ["--data", "--width", "--method", "--iters", "--lr", "--seed", "--out",
-                           "--checkpoint-every", "--resume", "breast_cancer", "kernel"],
-                 "predict": ["--model", "--data", "--out"],
-                 "bench": ["--size", "small", "large", "--suite"],
-                 "experiment": ["sparsity_init", "lower_bound", "--quick"]}[command]:
+    for word in {
+        "demo": ["--width", "--iters", "--out"],
+        "train": [
+            "--data",
+            "--width",
+            "--method",
+            "--iters",
+            "--lr",
+            "--seed",
+            "--out",
+            "--checkpoint-every",
+            "--resume",
+            "breast_cancer",
+            "kernel",
+        ],
+        "predict": ["--model", "--data", "--out"],
+        "bench": ["--size", "small", "large", "--suite"],
+        "experiment": ["sparsity_init", "lower_bound", "--quick"],
+    }[command]:
         assert word in out
     assert run("--help").stdout.count("demo") >= 1
 
 
 def test_train_writes_everything_and_predict_reads_it(tmp_path):
     out = tmp_path / "run"
-    proc = run("train", "--data", "breast_cancer", "--width", 512, "--iters", 6, "--method",
-               "lazy", "--out", out, "--quiet")
+    proc = run(
+        "train",
+        "--data",
+        "breast_cancer",
+        "--width",
+        512,
+        "--iters",
+        6,
+        "--method",
+        "lazy",
+        "--out",
+        out,
+        "--quiet",
+    )
     assert "test_accuracy" in proc.stdout
-    for name in ("model.npz", "history.json", "history.csv", "summary.json", "report.html",
-                 "loss.png", "sparsity.png", "moved.png", "timing.png", "run.json"):
+    for name in (
+        "model.npz",
+        "history.json",
+        "history.csv",
+        "summary.json",
+        "report.html",
+        "loss.png",
+        "sparsity.png",
+        "moved.png",
+        "timing.png",
+        "run.json",
+    ):
         assert (out / name).stat().st_size > 0, name
     summary = json.loads((out / "summary.json").read_text())
     assert summary["method"] == "lazy" and summary["iterations"] == 6
@@ -67,8 +102,15 @@ def test_train_writes_everything_and_predict_reads_it(tmp_path):
     model = ct.TwoLayerReLU.load(out / "model.npz")
     np.testing.assert_allclose(values, model.predict(ds.X_test), rtol=1e-9)
     np.savez(tmp_path / "xy.npz", X=ds.X_test, y=ds.y_test)
-    proc = run("predict", "--model", out / "model.npz", "--data", tmp_path / "xy.npz",
-               "--out", tmp_path / "p.csv")
+    proc = run(
+        "predict",
+        "--model",
+        out / "model.npz",
+        "--data",
+        tmp_path / "xy.npz",
+        "--out",
+        tmp_path / "p.csv",
+    )
     assert "mean squared error" in proc.stderr
     assert len((tmp_path / "p.csv").read_text().splitlines()) == len(ds.X_test)
 
@@ -81,8 +123,9 @@ def test_train_on_user_csv_classification(tmp_path):
         fh.write("a,b,c,d,label\n")
         np.savetxt(fh, np.column_stack([X, y]), delimiter=",")
     out = tmp_path / "o"
-    run("train", "--data", tmp_path / "d.csv", "--width", 256, "--iters", 3, "--out", out,
-        "--quiet")
+    run(
+        "train", "--data", tmp_path / "d.csv", "--width", 256, "--iters", 3, "--out", out, "--quiet"
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["task"] == "multiclass" and summary["outputs"] == 3
 
@@ -106,36 +149,72 @@ def test_bad_arguments(args, code, text, tmp_path):
 
 def test_bad_data_files(tmp_path):
     (tmp_path / "bad.csv").write_text("1,2,3\n4,x,6\n")
-    assert_one_line_error(run("train", "--data", tmp_path / "bad.csv", check=False), 1,
-                          "row 2 is not numeric")
+    assert_one_line_error(
+        run("train", "--data", tmp_path / "bad.csv", check=False), 1, "row 2 is not numeric"
+    )
     (tmp_path / "nan.csv").write_text("1,2,3\n4,nan,6\n")
-    assert_one_line_error(run("train", "--data", tmp_path / "nan.csv", check=False), 1,
-                          "NaN or infinite")
+    assert_one_line_error(
+        run("train", "--data", tmp_path / "nan.csv", check=False), 1, "NaN or infinite"
+    )
     (tmp_path / "broken.npz").write_bytes(b"PK\x03\x04 not really a zip")
-    assert_one_line_error(run("train", "--data", tmp_path / "broken.npz", check=False), 1,
-                          "cannot read data file")
+    assert_one_line_error(
+        run("train", "--data", tmp_path / "broken.npz", check=False), 1, "cannot read data file"
+    )
     model = ct.TwoLayerReLU.init(d=3, m=8)
     model.save(tmp_path / "m.npz")
     np.savez(tmp_path / "wide.npz", X=np.ones((2, 5)))
-    assert_one_line_error(run("predict", "--model", tmp_path / "m.npz", "--data",
-                              tmp_path / "wide.npz", check=False), 1,
-                          "has 5 features but the model expects 3")
+    assert_one_line_error(
+        run("predict", "--model", tmp_path / "m.npz", "--data", tmp_path / "wide.npz", check=False),
+        1,
+        "has 5 features but the model expects 3",
+    )
     (tmp_path / "junk.npz").write_bytes(b"junk")
-    assert_one_line_error(run("predict", "--model", tmp_path / "junk.npz", "--data",
-                              tmp_path / "wide.npz", check=False), 1, "cannot read model file")
+    assert_one_line_error(
+        run(
+            "predict",
+            "--model",
+            tmp_path / "junk.npz",
+            "--data",
+            tmp_path / "wide.npz",
+            check=False,
+        ),
+        1,
+        "cannot read model file",
+    )
+
+
+ITERS = 4000  # long enough that the signal arrives while training runs
 
 
 @pytest.mark.parametrize("method", ["dense", "kernel"])
 def test_sigint_saves_a_checkpoint_and_resume_is_exact(tmp_path, method):
     ds = ct.datasets.sphere(n=200, d=16, seed=4)
     np.savez(tmp_path / "data.npz", X=ds.X_train, y=ds.y_train)
-    common = ["train", "--data", tmp_path / "data.npz", "--width", 4096, "--method", method,
-              "--iters", 600, "--lr", "0.05", "--task", "regression", "--quiet"]
+    common = [
+        "train",
+        "--data",
+        tmp_path / "data.npz",
+        "--width",
+        4096,
+        "--method",
+        method,
+        "--iters",
+        ITERS,
+        "--lr",
+        "0.05",
+        "--task",
+        "regression",
+        "--quiet",
+    ]
     whole = tmp_path / "whole"
     run(*common, "--out", whole)
     cut = tmp_path / "cut"
-    proc = subprocess.Popen([*CLI, *map(str, common), "--out", str(cut)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*CLI, *map(str, common), "--out", str(cut)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     while not (cut / "run.json").exists() and time.time() < deadline:
         time.sleep(0.05)
@@ -146,7 +225,7 @@ def test_sigint_saves_a_checkpoint_and_resume_is_exact(tmp_path, method):
     assert "state saved" in err and "--resume" in err and "Traceback" not in err
     saved = np.load(cut / "checkpoint.npz", allow_pickle=False)
     done = len(json.loads(str(saved["manifest"]))["history"]["loss"])
-    assert 0 < done < 600
+    assert 0 < done < ITERS
     run("train", "--resume", cut, "--quiet")
     a = ct.TwoLayerReLU.load(whole / "model.npz")
     b = ct.TwoLayerReLU.load(cut / "model.npz")
@@ -158,8 +237,22 @@ def test_sigint_saves_a_checkpoint_and_resume_is_exact(tmp_path, method):
 
 def test_checkpoint_every_and_corrupted_checkpoint(tmp_path):
     out = tmp_path / "o"
-    run("train", "--data", "digits", "--width", 256, "--iters", 4, "--checkpoint-every", 2,
-        "--method", "dense", "--out", out, "--quiet")
+    run(
+        "train",
+        "--data",
+        "digits",
+        "--width",
+        256,
+        "--iters",
+        4,
+        "--checkpoint-every",
+        2,
+        "--method",
+        "dense",
+        "--out",
+        out,
+        "--quiet",
+    )
     ck = out / "checkpoint.npz"
     assert ck.stat().st_size > 0
     data = ck.read_bytes()
@@ -190,5 +283,6 @@ def test_experiment_and_bench_commands(tmp_path):
 def test_console_script_is_installed():
     exe = Path(sys.executable).with_name("corrtree")
     assert exe.exists()
-    assert subprocess.run([str(exe), "--version"], capture_output=True, text=True,
-                          env={**os.environ}).stdout.startswith("corrtree ")
+    assert subprocess.run(
+        [str(exe), "--version"], capture_output=True, text=True, env={**os.environ}
+    ).stdout.startswith("corrtree ")

@@ -11,8 +11,9 @@ def test_sphere():
     assert ds.X_train.shape == (50, 7) and ds.X_test.shape == (10, 7)
     np.testing.assert_allclose(np.linalg.norm(ds.X_train, axis=1), 1.0)
     assert ds.y_train.shape == (50, 2) and np.abs(ds.y_train).max() <= 1
-    np.testing.assert_array_equal(ds.X_train, ct.datasets.sphere(n=50, d=7, outputs=2,
-                                                                   n_test=10, seed=3).X_train)
+    np.testing.assert_array_equal(
+        ds.X_train, ct.datasets.sphere(n=50, d=7, outputs=2, n_test=10, seed=3).X_train
+    )
     assert ct.datasets.sphere(n=5, d=2).y_train.shape == (5,)
     with pytest.raises(ValueError, match="n must be >= 1"):
         ct.datasets.sphere(n=0)
@@ -55,8 +56,10 @@ def test_load_file(tmp_path):
     Xl, yl = ct.datasets.load_file(tmp_path / "d.npz")
     np.testing.assert_array_equal(Xl, X)
     np.testing.assert_array_equal(yl, y)
-    (tmp_path / "h.csv").write_text("a,b,c,label\n" + "\n".join(
-        ",".join(map(str, [*row, lab])) for row, lab in zip(X, y, strict=True)))
+    (tmp_path / "h.csv").write_text(
+        "a,b,c,label\n"
+        + "\n".join(",".join(map(str, [*row, lab])) for row, lab in zip(X, y, strict=True))
+    )
     Xc, yc = ct.datasets.load_file(tmp_path / "h.csv")
     np.testing.assert_array_equal(Xc, X)
     np.testing.assert_array_equal(yc, y)

@@ -47,14 +47,15 @@ def test_same_trajectory_as_dense(method, n, m, d, outputs, seed):
 
 
 @pytest.mark.parametrize("method", FAST)
-@pytest.mark.parametrize(("band", "anchor", "gemm"), list(itertools.product(
-    [0.05, 3.0], ["float64", "float32"], ["float64", "float32"])))
+@pytest.mark.parametrize(
+    ("band", "anchor", "gemm"),
+    list(itertools.product([0.05, 3.0], ["float64", "float32"], ["float64", "float32"])),
+)
 def test_options_keep_the_trajectory(method, band, anchor, gemm):
     """Tiny bands (re-anchoring all the time) or wide ones; float32 storage or GEMM."""
     X, y, model0 = _problem(80, 1500, 16, 2, 5)
     ref = _run(model0, X, y, "dense", iters=15)
-    hist, W = _run(model0, X, y, method, iters=15, band=band, anchor_dtype=anchor,
-                   gemm_dtype=gemm)
+    hist, W = _run(model0, X, y, method, iters=15, band=band, anchor_dtype=anchor, gemm_dtype=gemm)
     assert_same_trajectory(hist, W, *ref)
     assert hist.info["anchor_dtype"] == anchor and hist.info["gemm_dtype"] == gemm
     if band == 0.05:
@@ -75,8 +76,7 @@ def test_too_tight_certificate_is_caught(method):
 @pytest.mark.parametrize("method", FAST)
 def test_many_flips_and_none(method):
     X, y, model0 = _problem(50, 1200, 10, 1, 7)
-    lr = ct.train(ct.TwoLayerReLU(model0.W, model0.a, model0.b), X, y, method="dense",
-                  iters=0).lr
+    lr = ct.train(ct.TwoLayerReLU(model0.W, model0.a, model0.b), X, y, method="dense", iters=0).lr
     for scale in (1.8, 1e-6):  # large steps (flips early) and tiny ones (no flip at all)
         ref = _run(model0, X, y, "dense", lr=lr * scale, iters=6, patience=6)
         hist, W = _run(model0, X, y, method, lr=lr * scale, iters=6, patience=6)
@@ -96,18 +96,19 @@ def test_kernel_outputs_are_the_model_outputs():
 
 
 def test_kernel_needs_room_for_the_ntk_matrix(monkeypatch):
-    from corrtree.training import kernel
+    from corrtree import _config
 
     X, y, model = _problem(20, 100, 4, 1, 0)
-    monkeypatch.setattr(kernel, "available_memory", lambda: 100)
+    monkeypatch.setattr(_config, "available_memory", lambda: 100)
     with pytest.raises(MemoryError, match="NTK matrix"):
         ct.train(model, X, y, method="kernel", iters=1)
 
 
 @pytest.mark.parametrize("method", FAST)
-@pytest.mark.parametrize(("option", "value"), [("gemm_dtype", "float16"),
-                                               ("anchor_dtype", "int64"),
-                                               ("anchor_dtype", "no such type")])
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("gemm_dtype", "float16"), ("anchor_dtype", "int64"), ("anchor_dtype", "no such type")],
+)
 def test_bad_dtype_options(method, option, value):
     X, y, model = _problem(20, 100, 4, 1, 0)
     with pytest.raises(ValueError, match=f"{option} must be 'float32' or 'float64'"):

@@ -8,6 +8,7 @@ import pytest
 from naive import relu_net_outputs
 
 import corrtree as ct
+from corrtree import _config
 
 
 def test_default_threshold_formula():
@@ -40,8 +41,8 @@ def test_predict_loss_fire_counts(outputs, monkeypatch):
     X = rng.standard_normal((11, 6))
     y = rng.standard_normal((11, outputs)) if outputs > 1 else rng.standard_normal(11)
     want = relu_net_outputs(model.W, model.a, 0.3, X)
-    for block_bytes in (ct.TwoLayerReLU._BLOCK_BYTES, 8 * 11 * 10):  # one block, ten
-        monkeypatch.setattr(ct.TwoLayerReLU, "_BLOCK_BYTES", block_bytes)
+    for block_bytes in (_config.MODEL_BLOCK_BYTES, 8 * 11 * 10):  # one block, ten
+        monkeypatch.setattr(_config, "MODEL_BLOCK_BYTES", block_bytes)
         pred = model.predict(X)
         assert pred.shape == ((11,) if outputs == 1 else (11, outputs))
         np.testing.assert_allclose(pred.reshape(11, -1), want, rtol=1e-12, atol=1e-14)
@@ -72,8 +73,13 @@ def test_load_rejects_bad_files(tmp_path):
     with pytest.raises(ValueError, match="cannot read model file"):
         ct.TwoLayerReLU.load(truncated)
     pickled = tmp_path / "pickled.npz"
-    np.savez(pickled, format=np.array("corrtree.TwoLayerReLU/1"), W=np.array([object()]),
-             a=np.ones(1), b=np.array(0.0))
+    np.savez(
+        pickled,
+        format=np.array("corrtree.TwoLayerReLU/1"),
+        W=np.array([object()]),
+        a=np.ones(1),
+        b=np.array(0.0),
+    )
     with pytest.raises(ValueError, match="cannot read model file"):
         ct.TwoLayerReLU.load(pickled)
     other = tmp_path / "other.npz"

@@ -41,13 +41,22 @@ def test_cli_examples(script, tmp_path):
     rng = np.random.default_rng(0)
     X = rng.standard_normal((120, 5))
     y = (X[:, 0] + X[:, 1] > 0).astype(int)
-    np.savetxt(tmp_path / "my_data.csv", np.column_stack([X, y]), delimiter=",",
-               header="f1,f2,f3,f4,f5,label", comments="")
+    np.savetxt(
+        tmp_path / "my_data.csv",
+        np.column_stack([X, y]),
+        delimiter=",",
+        header="f1,f2,f3,f4,f5,label",
+        comments="",
+    )
     np.savetxt(tmp_path / "new_points.csv", X[:7], delimiter=",")
     bindir = str(Path(sys.executable).parent)
-    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path,
-                          capture_output=True, text=True,
-                          env={"PATH": f"{bindir}:/usr/bin:/bin", "HOME": str(tmp_path)})
+    proc = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PATH": f"{bindir}:/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

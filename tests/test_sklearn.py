@@ -11,17 +11,27 @@ import corrtree as ct
 from corrtree.sklearn import CorrTreeClassifier, CorrTreeRegressor
 
 
-@parametrize_with_checks([CorrTreeRegressor(width=256, iters=15, random_state=0),
-                          CorrTreeClassifier(width=256, iters=15, random_state=0)])
+@parametrize_with_checks(
+    [
+        CorrTreeRegressor(width=256, iters=15, random_state=0),
+        CorrTreeClassifier(width=256, iters=15, random_state=0),
+    ]
+)
 def test_sklearn_compatible(estimator, check):
     check(estimator)
 
 
 def test_init_only_stores_parameters():
-    est = CorrTreeRegressor(width=7, method="lazy", lr=0.5, iters=3, threshold=0.1,
-                            random_state=4)
-    assert est.get_params() == {"width": 7, "method": "lazy", "lr": 0.5, "iters": 3,
-                                "threshold": 0.1, "normalize": True, "random_state": 4}
+    est = CorrTreeRegressor(width=7, method="lazy", lr=0.5, iters=3, threshold=0.1, random_state=4)
+    assert est.get_params() == {
+        "width": 7,
+        "method": "lazy",
+        "lr": 0.5,
+        "iters": 3,
+        "threshold": 0.1,
+        "normalize": True,
+        "random_state": 4,
+    }
     assert not [k for k in vars(est) if k.endswith("_")]
 
 
@@ -29,8 +39,7 @@ def test_classifier_in_pipeline_and_cross_validation():
     ds = ct.datasets.digits(test_size=0.5, seed=0)
     X = ds.X_train
     y = ds.classes[ds.y_train.argmax(axis=1)]
-    pipe = make_pipeline(StandardScaler(), CorrTreeClassifier(width=2048, iters=30,
-                                                              random_state=0))
+    pipe = make_pipeline(StandardScaler(), CorrTreeClassifier(width=2048, iters=30, random_state=0))
     scores = cross_val_score(pipe, X, y, cv=3)
     assert scores.mean() > 0.85  # chance is 0.1
     clf = CorrTreeClassifier(width=2048, iters=30, random_state=0, method="wtree").fit(X, y)
@@ -44,8 +53,7 @@ def test_regressor_fits_and_scores():
     reg = CorrTreeRegressor(width=4096, iters=80, random_state=1).fit(ds.X_train, ds.y_train)
     assert reg.predict(ds.X_train).shape == (80, 2)
     assert reg.score(ds.X_train, ds.y_train) > 0.99  # over-parameterized: fits the data
-    one = CorrTreeRegressor(width=512, iters=5, random_state=1).fit(ds.X_train,
-                                                                    ds.y_train[:, 0])
+    one = CorrTreeRegressor(width=512, iters=5, random_state=1).fit(ds.X_train, ds.y_train[:, 0])
     assert one.predict(ds.X_train).shape == (80,)
 
 

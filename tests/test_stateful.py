@@ -44,8 +44,11 @@ class CorrelationStructures(RuleBasedStateMachine):
         m, d = self.W.shape
         rs = np.array(data.draw(st.lists(st.integers(0, m - 1), min_size=0, max_size=6)), np.int64)
         Z = np.array(
-            data.draw(st.lists(st.lists(ENTRY, min_size=d, max_size=d), min_size=len(rs),
-                               max_size=len(rs))),
+            data.draw(
+                st.lists(
+                    st.lists(ENTRY, min_size=d, max_size=d), min_size=len(rs), max_size=len(rs)
+                )
+            ),
             float,
         ).reshape(len(rs), d)
         for r, z in zip(rs, Z, strict=True):

@@ -8,6 +8,7 @@ import pytest
 from naive import gradient_descent
 
 import corrtree as ct
+from corrtree import _config
 from corrtree.training import _ntk
 
 EXACT_METHODS = ["dense", "dtree", "wtree"]
@@ -30,8 +31,13 @@ def _naive_ntk(model, X):
 
 @pytest.mark.parametrize(
     ("n", "m", "d", "outputs", "seed"),
-    [(1, 1, 1, 1, 0), (7, 50, 3, 1, 1), (40, 700, 17, 1, 2), (25, 300, 9, 3, 3),
-     (60, 2000, 32, 2, 4)],
+    [
+        (1, 1, 1, 1, 0),
+        (7, 50, 3, 1, 1),
+        (40, 700, 17, 1, 2),
+        (25, 300, 9, 3, 3),
+        (60, 2000, 32, 2, 4),
+    ],
 )
 def test_methods_match_naive_gradient_descent(n, m, d, outputs, seed):
     X, y, model0 = _problem(n, m, d, outputs, seed)
@@ -67,9 +73,9 @@ def test_lanczos_path_matches_dense_eigenvalue(monkeypatch):
     F = X @ model.W.T >= model.b
     indptr, idx = ct.training._sparse.keys_to_csr(np.flatnonzero(F.T), model.m, 40)
     G = X @ X.T
-    a = model._a
+    a = model.output_weights
     dense = _ntk.lambda_max(indptr, idx, G, a)
-    monkeypatch.setattr(_ntk, "_DENSE_LIMIT", 10)
+    monkeypatch.setattr(_config, "NTK_DENSE_EIG_LIMIT", 10)
     assert _ntk.lambda_max(indptr, idx, G, a) == pytest.approx(dense, rel=1e-9)
     H = _ntk.ntk_matrix(indptr, idx, G, a)
     np.testing.assert_allclose(H, _naive_ntk(model, X), rtol=1e-12, atol=1e-15)
@@ -139,8 +145,9 @@ def test_history_roundtrip(tmp_path):
 def test_callback_stops_training():
     X, y, model = _problem(10, 64, 4, 1, 0)
     seen = []
-    hist = ct.train(model, X, y, method="dense", iters=10,
-                    callback=lambda t, h: seen.append(t) or t < 2)
+    hist = ct.train(
+        model, X, y, method="dense", iters=10, callback=lambda t, h: seen.append(t) or t < 2
+    )
     assert seen == [0, 1, 2] and len(hist) == 3
 
 

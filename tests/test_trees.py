@@ -42,8 +42,9 @@ def test_queries_match_brute_force(inst):
         indptr, indices = tree.query_all(tau)
         assert indptr.dtype == indices.dtype == np.int64
         for t in range(rows.shape[0]):
-            np.testing.assert_array_equal(indices[indptr[t] : indptr[t + 1]],
-                                          at_least(rows[t], tau))
+            np.testing.assert_array_equal(
+                indices[indptr[t] : indptr[t + 1]], at_least(rows[t], tau)
+            )
 
 
 @pytest.mark.parametrize("cls", TREES)

@@ -1,17 +1,21 @@
 """corrtree: exact sublinear-time training of two-layer ReLU networks with correlation trees."""
 
-import os as _os
+from ._threads import quiet_openblas as _quiet_openblas
 
-# OpenBLAS worker threads spin for ~0.1 s after each call and then starve the
-# numba threads that run next; a short spin keeps the two from fighting.  It
-# only takes effect if numpy was not imported before corrtree.
-_os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+_quiet_openblas()  # before numpy is imported
 
-from . import datasets, theory
-from .detector import FiringDetector, TooManyFiring
-from .model import TwoLayerReLU, default_threshold
-from .training import METHODS, CheckpointError, History, TrainingDiverged, resume, train
-from .trees import CorrelationDTree, CorrelationWTree
+from . import datasets, theory  # noqa: E402
+from .detector import FiringDetector, TooManyFiring  # noqa: E402
+from .model import TwoLayerReLU, default_threshold  # noqa: E402
+from .training import (  # noqa: E402
+    METHODS,
+    CheckpointError,
+    History,
+    TrainingDiverged,
+    resume,
+    train,
+)
+from .trees import CorrelationDTree, CorrelationWTree  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["atomic_savez", "atomic_write_json", "atomic_write_text"]
+__all__ = ["atomic_savez", "atomic_write_json", "atomic_write_text", "remove_stale_temporaries"]
 
 
 def _atomic(path: str | os.PathLike, write) -> Path:
@@ -33,14 +33,39 @@ def _atomic(path: str | os.PathLike, write) -> Path:
     return path
 
 
+def remove_stale_temporaries(path: str | os.PathLike) -> None:
+    """Delete temporary files of ``path`` left by a write that was killed (SIGKILL)."""
+    path = Path(path)
+    if path.parent.is_dir():
+        for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     return _atomic(path, lambda fh: fh.write(text.encode("utf-8")))
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
-    """Write ``obj`` as indented JSON to ``path`` atomically."""
-    return atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
+    """Write ``obj`` as indented JSON to ``path`` atomically (NaN and infinities as null)."""
+    text = json.dumps(_finite(obj), indent=2, default=_json_default, allow_nan=False)
+    return atomic_write_text(path, text + "\n")
+
+
+def _finite(obj: Any) -> Any:
+    """``obj`` with NaN and infinities replaced by ``None`` (JSON has no such numbers)."""
+    if isinstance(obj, float | np.floating):
+        return float(obj) if np.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _finite(obj.tolist())
+    return obj
 
 
 def atomic_savez(path: str | os.PathLike, **arrays: np.ndarray) -> Path:

@@ -151,7 +151,8 @@ def as_vector(name: str, z: object, d: int) -> np.ndarray:
 
 
 def check_rows(name: str, Z: object, k: int, d: int) -> np.ndarray:
-    """Return ``Z`` as a finite C-contiguous float64 array of shape ``(k, d)``."""
+    """Return ``Z`` as a finite C-contiguous float64 array of shape ``(k, d)`` (not a
+    copy when it already is one: callers only read it)."""
     arr = np.asarray(Z)
     if arr.ndim != 2:
         raise ValueError(f"{name} must be a 2-D array, got shape {arr.shape}")
@@ -159,7 +160,7 @@ def check_rows(name: str, Z: object, k: int, d: int) -> np.ndarray:
         raise ValueError(f"{name} must have shape ({k}, {d}), got {arr.shape}")
     if k == 0:
         return np.empty((0, d), dtype=np.float64)
-    return as_matrix(name, arr)
+    return as_matrix(name, arr, copy=False)
 
 
 def readonly(a: np.ndarray) -> np.ndarray:

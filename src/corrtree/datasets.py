@@ -15,7 +15,17 @@ import numpy as np
 
 from ._validation import check_positive_int
 
-__all__ = ["Dataset", "accuracy", "breast_cancer", "digits", "load_file", "sphere"]
+__all__ = [
+    "Dataset",
+    "Table",
+    "accuracy",
+    "breast_cancer",
+    "digits",
+    "load_file",
+    "read_csv",
+    "sphere",
+    "unit_rows",
+]
 
 
 @dataclass(frozen=True)
@@ -49,9 +59,19 @@ class Dataset:
 
 
 def unit_rows(X: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit Euclidean norm (zero rows stay zero)."""
+    """Rows scaled to unit Euclidean norm (zero rows stay zero).
+
+    A row whose norm overflows (entries near the float64 limit, 1e308) or
+    underflows is first divided by its largest absolute entry.
+    """
     X = np.asarray(X, dtype=np.float64)
-    norms = np.linalg.norm(X, axis=1, keepdims=True)
+    with np.errstate(over="ignore", under="ignore"):
+        norms = np.linalg.norm(X, axis=1, keepdims=True)
+    bad = ~np.isfinite(norms[:, 0]) | ((norms[:, 0] == 0) & np.any(X != 0, axis=1))
+    if bad.any():
+        X = X.copy()
+        X[bad] /= np.abs(X[bad]).max(axis=1, keepdims=True)
+        norms[bad] = np.linalg.norm(X[bad], axis=1, keepdims=True)
     return X / np.where(norms > 0, norms, 1.0)
 
 
@@ -130,8 +150,7 @@ def breast_cancer(test_size: float = 0.25, seed: int = 0) -> Dataset:
     mu = data.data[tr].mean(axis=0)
     sd = data.data[tr].std(axis=0)
     X = unit_rows((data.data - mu) / np.where(sd > 0, sd, 1.0))
-    return Dataset("breast_cancer", X[tr], y[tr], X[te], y[te], "binary",
-                   np.array([-1.0, 1.0]))
+    return Dataset("breast_cancer", X[tr], y[tr], X[te], y[te], "binary", np.array([-1.0, 1.0]))
 
 
 def accuracy(y_true: np.ndarray, y_pred: np.ndarray) -> float:
@@ -151,12 +170,18 @@ def accuracy(y_true: np.ndarray, y_pred: np.ndarray) -> float:
     return float(np.mean(np.sign(y_true) == np.where(y_pred >= 0, 1.0, -1.0)))
 
 
-def load_file(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+def load_file(path: str | os.PathLike, header: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Read a user's data file: ``.npz`` with arrays ``X`` and ``y``, or ``.csv``.
 
-    A CSV file holds one point per row with the label in the last column; a
-    first row that is not numeric is taken as a header.  Rows of ``X`` are
-    returned as given (not normalized).
+    A CSV file holds one point per row with the label in the last column
+    (:func:`read_csv`); labels may be numbers or class names (strings).  Rows
+    of ``X`` are returned as given (not normalized).
+
+    Parameters
+    ----------
+    header : bool, optional
+        CSV only: whether the first row is a header; ``None`` detects it
+        (:func:`read_csv`).
 
     Raises
     ------
@@ -164,9 +189,7 @@ def load_file(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
         If the file cannot be read or does not hold a finite numeric ``X``
         (2-D, non-empty) and a ``y`` with one label per row.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"data file {path} does not exist")
+    path = _data_path(path)
     suffix = path.suffix.lower()
     try:
         if suffix == ".npz":
@@ -176,7 +199,10 @@ def load_file(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
                     raise ValueError(f"needs arrays X and y, missing {sorted(missing)}")
                 X, y = np.asarray(data["X"]), np.asarray(data["y"])
         elif suffix == ".csv":
-            X, y = _read_csv(path)
+            table = read_csv(path, header)
+            if table.values.shape[1] < 2:
+                raise ValueError("needs at least two columns (features, then the label)")
+            X, y = table.numeric(stop=-1), table.labels(-1)
         else:
             raise ValueError("unknown format (use .npz with X and y, or .csv)")
     except ValueError as exc:
@@ -185,40 +211,136 @@ def load_file(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"cannot read data file {path}: {type(exc).__name__}: {exc}") from exc
     if X.ndim != 2 or X.shape[0] == 0 or X.shape[1] == 0:
         raise ValueError(f"X in {path} must be a non-empty 2-D array, got shape {X.shape}")
-    if X.dtype.kind not in "biuf" or y.dtype.kind not in "biuf":
-        raise ValueError(f"X and y in {path} must be numeric")
-    if y.shape[0] != X.shape[0] or y.ndim not in (1, 2):
-        raise ValueError(f"y in {path} must have one row per point of X, got shape {y.shape}")
-    X, y = X.astype(np.float64), y.astype(np.float64)
-    if not (np.isfinite(X).all() and np.isfinite(y).all()):
-        raise ValueError(f"{path} contains NaN or infinite values")
+    if X.dtype.kind not in "biuf":
+        raise ValueError(f"X in {path} must be numeric, got dtype {X.dtype}")
+    if y.dtype.kind not in "biufUS":
+        raise ValueError(f"y in {path} must hold numbers or class names, got dtype {y.dtype}")
+    if y.ndim not in (1, 2) or y.shape[0] != X.shape[0]:
+        raise ValueError(
+            f"y in {path} must have one row per point of X ({X.shape[0]}), got shape {y.shape}"
+        )
+    X = X.astype(np.float64)
+    if y.dtype.kind in "biuf":
+        y = y.astype(np.float64)
+        if not np.isfinite(y).all():
+            raise ValueError(f"y in {path} contains NaN or infinite values")
+    elif y.ndim != 1:
+        raise ValueError(f"class names in {path} need one label column, got shape {y.shape}")
+    if not np.isfinite(X).all():
+        raise ValueError(f"X in {path} contains NaN or infinite values")
     return X, y
 
 
-def _read_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    with open(path, newline="", encoding="utf-8") as fh:
-        rows = [row for row in csv.reader(fh) if row and any(c.strip() for c in row)]
+def _data_path(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"data file {path} is a directory, not a .npz or .csv file")
+    if not path.is_file():
+        raise ValueError(f"data file {path} does not exist")
+    return path
+
+
+@dataclass(frozen=True)
+class Table:
+    """The cells of a CSV file (strings), its header, and each row's line in the file."""
+
+    values: np.ndarray  # (rows, columns) of str
+    header: tuple[str, ...] | None
+    lines: np.ndarray  # (rows,) 1-based line numbers
+
+    def numeric(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Columns ``start:stop`` as floats; a non-number is reported by line and column."""
+        cells = self.values[:, start:stop]
+        out = np.empty(cells.shape)
+        for (r, c), text in np.ndenumerate(cells):
+            v = _number(text)
+            if v is None:
+                raise ValueError(
+                    f"row {self.lines[r]} is not numeric: column {start + c + 1} holds "
+                    f"{str(text)!r}"
+                )
+            out[r, c] = v
+        return out
+
+    def labels(self, column: int) -> np.ndarray:
+        """One column as class names when no cell is a number, else as numbers (a cell
+        that is not one is reported)."""
+        cells = self.values[:, column]
+        nums = [_number(t) for t in cells]
+        if all(v is None for v in nums):
+            return np.array([t.strip() for t in cells], dtype=str)
+        column %= self.values.shape[1]
+        return self.numeric(column, column + 1)[:, 0]
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _kind(text: str) -> str:
+    t = text.strip()
+    if _number(t) is None:
+        return "text"
+    return "int" if t.lstrip("+-").isdigit() else "float"
+
+
+def read_csv(path: str | os.PathLike, header: bool | None = None) -> Table:
+    """Read a CSV file into a :class:`Table` (a UTF-8 byte-order mark is ignored).
+
+    Blank lines are skipped (line numbers stay those of the file).  Every row
+    must have the same number of cells.  ``header=None`` detects a header: a
+    first row with text is one when, in most columns, the other rows share a
+    kind (text, integer, decimal) that it does not have; a first row of numbers
+    is one only when it numbers the columns (``0,1,2,...`` as pandas and numpy
+    write, or ``1,2,3,...``) above a column of decimal numbers.  Otherwise
+    the first row is data.  A file of one row has no header unless
+    ``header=True``.
+    """
+    path = _data_path(path)
+    with open(path, newline="", encoding="utf-8-sig") as fh:
+        rows, lines = [], []
+        for line, row in enumerate(csv.reader(fh), start=1):
+            if row and any(c.strip() for c in row):
+                rows.append(row)
+                lines.append(line)
     if not rows:
         raise ValueError("the file is empty")
+    width = len(rows[0])
+    for row, line in zip(rows, lines, strict=True):
+        if len(row) != width:
+            raise ValueError(
+                f"every row needs the same number of columns: row {line} has "
+                f"{len(row)}, row {lines[0]} has {width}"
+            )
+    if header is None:
+        header = _looks_like_header(rows)
+    head = tuple(c.strip() for c in rows[0]) if header else None
+    body, body_lines = (rows[1:], lines[1:]) if header else (rows, lines)
+    if not body:
+        raise ValueError("no data rows (only a header)")
+    return Table(np.array(body, dtype=str), head, np.array(body_lines))
 
-    def numeric(row):
-        try:
-            return [float(c) for c in row]
-        except ValueError:
-            return None
 
-    if numeric(rows[0]) is None:
-        rows = rows[1:]  # header
-    values = []
-    for k, row in enumerate(rows):
-        vals = numeric(row)
-        if vals is None:
-            raise ValueError(f"row {k + 1} is not numeric: {row}")
-        values.append(vals)
-    if not values:
-        raise ValueError("no data rows")
-    width = len(values[0])
-    if width < 2 or any(len(v) != width for v in values):
-        raise ValueError("every row needs the same number (>= 2) of columns")
-    arr = np.array(values)
-    return arr[:, :-1], arr[:, -1]
+def _looks_like_header(rows: list[list[str]]) -> bool:
+    if len(rows) < 2:
+        return False
+    first = [_kind(c) for c in rows[0]]
+    shared = []
+    for c in range(len(rows[0])):
+        kinds = {_kind(row[c]) for row in rows[1:]}
+        shared.append(
+            kinds.pop() if len(kinds) == 1 else "float" if kinds == {"int", "float"} else None
+        )
+    if "text" in first:  # names: most columns of one kind that the name does not have
+        votes = sum(1 if f != s else -1 for f, s in zip(first, shared, strict=True) if s)
+        return votes > 0
+    # all numbers: only the column numbers pandas and numpy write, over other kinds
+    names = [c.strip() for c in rows[0]]
+    numbered = names in (
+        [str(k) for k in range(len(names))],
+        [str(k + 1) for k in range(len(names))],
+    )
+    return numbered and any(s == "float" for s in shared)

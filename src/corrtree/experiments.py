@@ -48,8 +48,9 @@ def _pyplot():
     return plt
 
 
-def _finish(name: str, result: dict[str, Any], fig, paragraph: str,
-            out_dir: str | None) -> dict[str, Any]:
+def _finish(
+    name: str, result: dict[str, Any], fig, paragraph: str, out_dir: str | None
+) -> dict[str, Any]:
     result = {"experiment": name, **result, "summary": paragraph}
     if out_dir is not None:
         os.makedirs(out_dir, exist_ok=True)
@@ -84,28 +85,44 @@ def sparsity_init(quick: bool = False, out_dir: str | None = None) -> dict[str, 
         k = np.concatenate(ks).astype(np.float64)
         b = default_threshold(m)
         bound = theory.sparsity_bound(m, b)
-        rows.append({
-            "m": m, "b": b, "mean": float(k.mean()), "std": float(k.std()),
-            "min": float(k.min()), "max": float(k.max()),
-            "q05": float(np.quantile(k, 0.05)), "q95": float(np.quantile(k, 0.95)),
-            "expected": theory.expected_fired(m, b), "bound": bound,
-            "paper": theory.paper_sparsity(m), "failure_rate": float(np.mean(k > bound)),
-            "max_over_bound": float(k.max() / bound),
-        })
+        rows.append(
+            {
+                "m": m,
+                "b": b,
+                "mean": float(k.mean()),
+                "std": float(k.std()),
+                "min": float(k.min()),
+                "max": float(k.max()),
+                "q05": float(np.quantile(k, 0.05)),
+                "q95": float(np.quantile(k, 0.95)),
+                "expected": theory.expected_fired(m, b),
+                "bound": bound,
+                "paper": theory.paper_sparsity(m),
+                "failure_rate": float(np.mean(k > bound)),
+                "max_over_bound": float(k.max() / bound),
+            }
+        )
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     ms = [r["m"] for r in rows]
-    ax.fill_between(ms, [r["min"] for r in rows], [r["max"] for r in rows], alpha=0.25,
-                    label="measured k_i, min-max over points")
+    ax.fill_between(
+        ms,
+        [r["min"] for r in rows],
+        [r["max"] for r in rows],
+        alpha=0.25,
+        label="measured k_i, min-max over points",
+    )
     ax.loglog(ms, [r["mean"] for r in rows], "o-", base=2, label="measured mean k_i")
     ax.loglog(ms, [r["expected"] for r in rows], "--", base=2, label="m·Q(b)")
     # with b² = 0.4 ln m the lemma's m·exp(-b²/2) is exactly the remark's m^(4/5)
-    ax.loglog(ms, [r["bound"] for r in rows], "-.", base=2,
-              label="m·exp(-b²/2) = m^(4/5) (lemma, remark)")
+    ax.loglog(
+        ms, [r["bound"] for r in rows], "-.", base=2, label="m·exp(-b²/2) = m^(4/5) (lemma, remark)"
+    )
     ax.set_xlabel("width m")
     ax.set_ylabel("neurons firing on a point")
-    ax.set_title(f"Sparsity at initialization (n={n} unit-norm points, d={d}, b=sqrt(0.4 ln m))",
-                 fontsize=9)
+    ax.set_title(
+        f"Sparsity at initialization (n={n} unit-norm points, d={d}, b=sqrt(0.4 ln m))", fontsize=9
+    )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -120,13 +137,18 @@ def sparsity_init(quick: bool = False, out_dir: str | None = None) -> dict[str, 
         + ("no point exceeded" if fails == 0 else "some points exceeded")
         + f" the lemma's m·exp(-b²/2) (largest k_i / m·exp(-b²/2) = {worst:.2f}; empirical "
         f"failure rate {fails / len(rows):.2g}), "
-        + ("in agreement with the lemma" if fails == 0 and dev < 0.1 else
-           "which disagrees with the lemma") + ".  With b = sqrt(0.4 ln m) that bound is "
+        + (
+            "in agreement with the lemma"
+            if fails == 0 and dev < 0.1
+            else "which disagrees with the lemma"
+        )
+        + ".  With b = sqrt(0.4 ln m) that bound is "
         f"exactly the remark's m^(4/5); the measured counts sit at {min(ratio):.2f}–"
         f"{max(ratio):.2f} of it, the gap being the 1/(b·sqrt(2π)) factor of the Gaussian tail."
     )
-    return _finish("sparsity_init", {"n": n, "d": d, "seeds": seeds, "rows": rows}, fig,
-                   paragraph, out_dir)
+    return _finish(
+        "sparsity_init", {"n": n, "d": d, "seeds": seeds, "rows": rows}, fig, paragraph, out_dir
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -142,7 +164,8 @@ def sparsity_training(quick: bool = False, out_dir: str | None = None) -> dict[s
     counts = [model.fire_counts(ds.X_train)]
 
     def record(t, hist):
-        counts.append(model.fire_counts(ds.X_train))
+        now = TwoLayerReLU(hist.current_weights(), model.a, model.b)
+        counts.append(now.fire_counts(ds.X_train))
 
     hist = train(model, ds.X_train, ds.y_train, method="dense", iters=T, callback=record)
     K = np.array(counts, dtype=np.float64)  # (T+1) × n
@@ -175,10 +198,19 @@ def sparsity_training(quick: bool = False, out_dir: str | None = None) -> dict[s
         + ("as the lemma states; " if below else "against the lemma; ")
         + f"{hist.flips[1]} pairs flipped in the first step and {hist.flips[-1]} in the last."
     )
-    result = {"n": n, "d": d, "m": m, "iters": T, "mean_k": K.mean(axis=1).tolist(),
-              "max_k": K.max(axis=1).tolist(), "min_k": K.min(axis=1).tolist(),
-              "max_ratio_to_initial": float(ratio.max()), "flips": hist.flips,
-              "loss": hist.loss, "bound": bound}
+    result = {
+        "n": n,
+        "d": d,
+        "m": m,
+        "iters": T,
+        "mean_k": K.mean(axis=1).tolist(),
+        "max_k": K.max(axis=1).tolist(),
+        "min_k": K.min(axis=1).tolist(),
+        "max_ratio_to_initial": float(ratio.max()),
+        "flips": hist.flips,
+        "loss": hist.loss,
+        "bound": bound,
+    }
     return _finish("sparsity_training", result, fig, paragraph, out_dir)
 
 
@@ -198,8 +230,10 @@ def _region(grid: dict[str, str], method: str) -> str:
     """``method`` and the cells ``"n,m"`` of ``grid`` where it won, as ranges."""
     cells = [tuple(map(int, k.split(","))) for k, v in grid.items() if v == method]
     ns = sorted({n for n, _ in cells})
-    return (f"{method} in {len(cells)} of {len(grid)} cells (n {ns[0]}–{ns[-1]}, m "
-            f"{min(m for _, m in cells)}–{max(m for _, m in cells)})")
+    return (
+        f"{method} in {len(cells)} of {len(grid)} cells (n {ns[0]}–{ns[-1]}, m "
+        f"{min(m for _, m in cells)}–{max(m for _, m in cells)})"
+    )
 
 
 def cost(quick: bool = False, out_dir: str | None = None) -> dict[str, Any]:
@@ -208,8 +242,13 @@ def cost(quick: bool = False, out_dir: str | None = None) -> dict[str, Any]:
     if quick:
         n0, d, ms, ns, iters = 64, 16, [2**9, 2**10, 2**11], [16, 32, 64], 3
     else:
-        n0, d, ms, ns, iters = 256, 64, [2**12, 2**13, 2**14, 2**15, 2**16], \
-            [64, 128, 256, 512, 1024], 6
+        n0, d, ms, ns, iters = (
+            256,
+            64,
+            [2**12, 2**13, 2**14, 2**15, 2**16],
+            [64, 128, 256, 512, 1024],
+            6,
+        )
     m0 = ms[-1]
     for meth in methods:  # load compiled kernels before timing
         _per_iter(meth, 8, 64, 4, 2)
@@ -232,8 +271,13 @@ def cost(quick: bool = False, out_dir: str | None = None) -> dict[str, Any]:
         ax2.loglog(ns, over_n[meth], "o-", base=2, label=f"{meth} (slope {exps[meth]['n']:.2f})")
     scale = over_m["dense"][-1] / (n0 * ms[-1] * d)
     ax1.loglog(ms, [scale * n0 * m * d for m in ms], "k--", base=2, label="∝ nmd")
-    ax1.loglog(ms, [scale * m**0.8 * n0**2 * d / n0 for m in ms], "k:", base=2,
-               label="∝ m^(4/5) n² d (shape)")
+    ax1.loglog(
+        ms,
+        [scale * m**0.8 * n0**2 * d / n0 for m in ms],
+        "k:",
+        base=2,
+        label="∝ m^(4/5) n² d (shape)",
+    )
     ax1.set_xlabel(f"width m (n={n0}, d={d})")
     ax2.set_xlabel(f"points n (m={m0}, d={d})")
     for ax in (ax1, ax2):
@@ -251,10 +295,20 @@ def cost(quick: bool = False, out_dir: str | None = None) -> dict[str, Any]:
         f"({exps['kernel']['m']:.2f}) trainers grow more slowly in m.  In n the exponents "
         f"are dense {exps['dense']['n']:.2f}, lazy {exps['lazy']['n']:.2f}, kernel "
         f"{exps['kernel']['n']:.2f}.  Fastest method over the (n, m) grid: "
-        + "; ".join(_region(grid, meth) for meth in sorted(set(grid.values()))) + "."
+        + "; ".join(_region(grid, meth) for meth in sorted(set(grid.values())))
+        + "."
     )
-    result = {"d": d, "ms": ms, "ns": ns, "n_for_m": n0, "m_for_n": m0, "over_m": over_m,
-              "over_n": over_n, "exponents": exps, "winners": grid}
+    result = {
+        "d": d,
+        "ms": ms,
+        "ns": ns,
+        "n_for_m": n0,
+        "m_for_n": m0,
+        "over_m": over_m,
+        "over_n": over_n,
+        "exponents": exps,
+        "winners": grid,
+    }
     return _finish("cost", result, fig, paragraph, out_dir)
 
 
@@ -289,11 +343,23 @@ def lower_bound(quick: bool = False, out_dir: str | None = None) -> dict[str, An
         best = int(P.max())
         t_bf = time.perf_counter() - t0
         B = int(np.abs(X).sum(axis=1).max() * np.abs(Y).max())
-        rows.append({"instance": name, "n": len(X), "m": len(Y), "d": X.shape[1],
-                     "value": res.value, "brute_force": best, "correct": res.value == best
-                     and int(P[res.witness]) == best, "rounds": res.rounds,
-                     "log2_range": math.log2(2 * B + 1), "updates": res.updates,
-                     "queries": res.queries, "reduction_s": t_red, "brute_force_s": t_bf})
+        rows.append(
+            {
+                "instance": name,
+                "n": len(X),
+                "m": len(Y),
+                "d": X.shape[1],
+                "value": res.value,
+                "brute_force": best,
+                "correct": res.value == best and int(P[res.witness]) == best,
+                "rounds": res.rounds,
+                "log2_range": math.log2(2 * B + 1),
+                "updates": res.updates,
+                "queries": res.queries,
+                "reduction_s": t_red,
+                "brute_force_s": t_bf,
+            }
+        )
     rng = np.random.default_rng(5)
     ov = []
     for n, d, plant in ((30, 10, True), (30, 10, False), (60, 14, True)):
@@ -306,15 +372,27 @@ def lower_bound(quick: bool = False, out_dir: str | None = None) -> dict[str, An
             Y[7, :2] = 0
         pair = orthogonal_vectors(X, Y)
         brute = np.argwhere(X @ Y.T == 0)
-        ov.append({"n": n, "d": d, "planted": plant, "found": pair,
-                   "correct": (pair is None) == (len(brute) == 0)
-                   and (pair is None or int(X[pair[0]] @ Y[pair[1]]) == 0)})
+        ov.append(
+            {
+                "n": n,
+                "d": d,
+                "planted": plant,
+                "found": pair,
+                "correct": (pair is None) == (len(brute) == 0)
+                and (pair is None or int(X[pair[0]] @ Y[pair[1]]) == 0),
+            }
+        )
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     rnd = [r for r in rows if r["instance"].startswith("random")]
     ns = [r["n"] for r in rnd]
-    ax.loglog(ns, [r["reduction_s"] for r in rnd], "o-", base=2,
-              label="Max-IP through DDFN (binary search)")
+    ax.loglog(
+        ns,
+        [r["reduction_s"] for r in rnd],
+        "o-",
+        base=2,
+        label="Max-IP through DDFN (binary search)",
+    )
     ax.loglog(ns, [r["brute_force_s"] for r in rnd], "s-", base=2, label="brute force X Yᵀ")
     ax.set_xlabel("n = m (d = 8, entries in [-8, 8])")
     ax.set_ylabel("seconds")
@@ -337,8 +415,13 @@ def lower_bound(quick: bool = False, out_dir: str | None = None) -> dict[str, An
         "o(n) updates and o(n²) queries would beat the O(n²) brute force — which is what "
         "the theorem rules out under SETH/OVC."
     )
-    return _finish("lower_bound", {"max_ip": rows, "orthogonal_vectors": ov,
-                                   "all_correct": ok}, fig, paragraph, out_dir)
+    return _finish(
+        "lower_bound",
+        {"max_ip": rows, "orthogonal_vectors": ov, "all_correct": ok},
+        fig,
+        paragraph,
+        out_dir,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -348,8 +431,9 @@ def lower_bound(quick: bool = False, out_dir: str | None = None) -> dict[str, An
 
 def convergence(quick: bool = False, out_dir: str | None = None) -> dict[str, Any]:
     """Loss against iterations for several widths, with the geometric rate and movement bound."""
-    n, d, ms, T = (16, 8, [2**8, 2**10, 2**12], 20) if quick else \
-        (64, 32, [2**10, 2**12, 2**14, 2**16], 40)
+    n, d, ms, T = (
+        (16, 8, [2**8, 2**10, 2**12], 20) if quick else (64, 32, [2**10, 2**12, 2**14, 2**16], 40)
+    )
     ds = sphere(n=n, d=d, seed=21)
     X, y = ds.X_train, ds.y_train
     plt = _pyplot()
@@ -360,13 +444,14 @@ def convergence(quick: bool = False, out_dir: str | None = None) -> dict[str, An
         W0 = model.W.copy()
         F = W0 @ X.T >= model.b
         indptr, idx = keys_to_csr(np.flatnonzero(F), m, n)
-        H = ntk_matrix(indptr, idx, X @ X.T, model._a)
+        H = ntk_matrix(indptr, idx, X @ X.T, model.output_weights)
         lam = np.linalg.eigvalsh(H)
         err0 = model.predict(X) - y
         move = []
 
-        def record(t, hist, model=model, W0=W0, move=move):
-            move.append(float(np.sqrt(((model.W - W0) ** 2).sum(axis=1).max())))
+        def record(t, hist, W0=W0, move=move):
+            W = hist.current_weights()
+            move.append(float(np.sqrt(((W - W0) ** 2).sum(axis=1).max())))
 
         hist = train(model, X, y, method="dense", iters=T, callback=record)
         rate = theory.convergence_rate(hist.lr, float(lam[0]))
@@ -374,14 +459,24 @@ def convergence(quick: bool = False, out_dir: str | None = None) -> dict[str, An
         geo = sq[0] * rate ** np.arange(T)
         D = theory.movement_bound(float(lam[0]), m, n, err0)
         holds = bool(np.all(sq <= geo * (1 + 1e-9)))
-        runs.append({"m": m, "lr": hist.lr, "lambda_min": float(lam[0]),
-                     "lambda_max": float(lam[-1]), "rate": rate, "err_sq": sq.tolist(),
-                     "geometric": geo.tolist(), "rate_holds": holds,
-                     "movement": move, "D": D, "movement_within_D": max(move) <= D})
+        runs.append(
+            {
+                "m": m,
+                "lr": hist.lr,
+                "lambda_min": float(lam[0]),
+                "lambda_max": float(lam[-1]),
+                "rate": rate,
+                "err_sq": sq.tolist(),
+                "geometric": geo.tolist(),
+                "rate_holds": holds,
+                "movement": move,
+                "D": D,
+                "movement_within_D": max(move) <= D,
+            }
+        )
         line = ax1.semilogy(sq, label=f"m={m}")[0]
         ax1.semilogy(geo, "--", c=line.get_color(), alpha=0.6)
-        ax2.plot(np.arange(1, T + 1), move, c=line.get_color(),
-                 label=f"m={m} (D = {D:.3g})")
+        ax2.plot(np.arange(1, T + 1), move, c=line.get_color(), label=f"m={m} (D = {D:.3g})")
     ax1.set_xlabel("iteration t")
     ax1.set_ylabel("||err(t)||²  (dashed: (1 - ηλ/2)^t ||err(0)||²)")
     ax2.set_xlabel("iteration t")
@@ -390,8 +485,7 @@ def convergence(quick: bool = False, out_dir: str | None = None) -> dict[str, An
     for ax in (ax1, ax2):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"Convergence of GD on 2NN(m, b) (n={n}, d={d}, lr=1/λ_max(H(0)))",
-                 fontsize=10)
+    fig.suptitle(f"Convergence of GD on 2NN(m, b) (n={n}, d={d}, lr=1/λ_max(H(0)))", fontsize=10)
     fig.tight_layout()
     held = [r["m"] for r in runs if r["rate_holds"]]
     failed = [r["m"] for r in runs if not r["rate_holds"]]
@@ -404,10 +498,13 @@ def convergence(quick: bool = False, out_dir: str | None = None) -> dict[str, An
         + " (λ = λ_min of the NTK matrix at initialization), as the paper's regime predicts; "
         f"the largest neuron movement max_r ||w_r(t) - w_r(0)|| went from "
         f"{max(runs[0]['movement']):.3g} to {max(runs[-1]['movement']):.3g} as m grew and "
-        + (f"stayed below the paper's bound D at every width (D is "
-           f"{runs[-1]['D'] / max(runs[-1]['movement']):.0f}× larger at the widest m: valid "
-           "but loose)." if len(within) == len(runs) else
-           f"exceeded the paper's bound D for m ∉ {within}.")
+        + (
+            f"stayed below the paper's bound D at every width (D is "
+            f"{runs[-1]['D'] / max(runs[-1]['movement']):.0f}× larger at the widest m: valid "
+            "but loose)."
+            if len(within) == len(runs)
+            else f"exceeded the paper's bound D for m ∉ {within}."
+        )
     )
     return _finish("convergence", {"n": n, "d": d, "runs": runs}, fig, paragraph, out_dir)
 

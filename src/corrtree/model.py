@@ -13,6 +13,7 @@ import zipfile
 
 import numpy as np
 
+from . import _config
 from ._io import atomic_savez
 from ._validation import (
     as_matrix,
@@ -101,9 +102,7 @@ class TwoLayerReLU:
             raise ValueError(f"seed must be an integer, got {seed!r}")
         need = 8.0 * m * (d + outputs)
         if need > available_memory():
-            raise MemoryError(
-                f"TwoLayerReLU.init(d={d}, m={m}) needs {need / 2**30:.2f} GiB for W"
-            )
+            raise MemoryError(f"TwoLayerReLU.init(d={d}, m={m}) needs {need / 2**30:.2f} GiB for W")
         rng = np.random.default_rng(seed)
         W = rng.standard_normal((m, d))
         a = rng.choice(np.array([-1.0, 1.0]), size=(m, outputs))
@@ -119,6 +118,11 @@ class TwoLayerReLU:
     def a(self) -> np.ndarray:
         """Output weights, shape ``(m,)`` or ``(m, K)`` (read-only)."""
         return readonly(self._a[:, 0] if self._squeeze else self._a)
+
+    @property
+    def output_weights(self) -> np.ndarray:
+        """Output weights as an ``(m, K)`` array, also for one output (read-only)."""
+        return readonly(self._a)
 
     @property
     def b(self) -> float:
@@ -143,26 +147,42 @@ class TwoLayerReLU:
     def __repr__(self) -> str:
         return f"TwoLayerReLU(m={self.m}, d={self.d}, outputs={self.outputs}, b={self.b:.6g})"
 
-    def set_weights(self, W: np.ndarray) -> None:
-        """Replace the hidden weights (shape must stay ``(m, d)``)."""
-        W = as_matrix("W", W)
-        if W.shape != self._W.shape:
-            raise ValueError(f"W must have shape {self._W.shape}, got {W.shape}")
-        self._W[...] = W
+    def set_weights(self, W: np.ndarray, start: int | None = None) -> None:
+        """Replace the hidden weights: all of them (``W`` of shape ``(m, d)``), or, with
+        ``start``, those of neurons ``start .. start + len(W) - 1``."""
+        rows, d = check_shape_2d("W", W)
+        if start is None:
+            if (rows, d) != self._W.shape:
+                raise ValueError(f"W must have shape {self._W.shape}, got {np.shape(W)}")
+            start = 0
+        start = check_positive_int("start", start, minimum=0)
+        if d != self.d or start + rows > self.m:
+            raise ValueError(
+                f"W must have shape (rows, {self.d}) with start + rows <= "
+                f"m={self.m}, got {np.shape(W)} at start={start}"
+            )
+        self._W[start : start + rows] = as_matrix("W", W, copy=False)
 
     # -- evaluation ----------------------------------------------------------------
     def check_X(self, X: object, name: str = "X") -> np.ndarray:
-        """``X`` as a finite C-contiguous float64 array with ``d`` columns."""
+        """``X`` as a finite C-contiguous float64 array with ``d`` columns, small enough
+        that no product ``<w_r, x_i>`` overflows (:data:`~corrtree._config.MAX_ABS_INPUT`)."""
         _, d = check_shape_2d(name, X)
         if d != self.d:
             raise ValueError(f"{name} has {d} columns but the model has d={self.d}")
-        return as_matrix(name, X)
-
-    _BLOCK_BYTES = 256 * 2**20  # products computed at once by predict / loss / fire_counts
+        X = as_matrix(name, X)
+        peak = float(np.abs(X).max())
+        if peak > _config.MAX_ABS_INPUT:
+            raise ValueError(
+                f"{name} holds values up to {peak:.3g}: products with the weights "
+                f"would overflow; scale the data (e.g. rows to unit norm)"
+            )
+        return X
 
     def _blocks(self, n: int):
-        """Neuron blocks whose products (block × n float64) take at most ``_BLOCK_BYTES``."""
-        block = max(1, min(self.m, self._BLOCK_BYTES // (8 * n)))
+        """Neuron blocks whose products (block × n float64) take at most
+        :data:`~corrtree._config.MODEL_BLOCK_BYTES`."""
+        block = _config.block_rows(8 * n, self.m, _config.MODEL_BLOCK_BYTES)
         return range(0, self.m, block), block
 
     def _forward(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -220,9 +240,11 @@ class TwoLayerReLU:
                 fmt = str(data["format"]) if "format" in data.files else ""
                 if fmt != _FORMAT:
                     raise ValueError("not a corrtree model file")
-                W, a, b = data["W"], data["a"], float(data["b"])
-            return cls(W, a, b)
+                W, a, b = data["W"], data["a"], data["b"]
+                if b.ndim != 0 or b.dtype.kind not in "biuf":
+                    raise ValueError(f"b must be one number, got shape {b.shape}, dtype {b.dtype}")
+            return cls(W, a, float(b))
         except FileNotFoundError:
             raise
-        except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile) as exc:
+        except (OSError, EOFError, KeyError, ValueError, TypeError, zipfile.BadZipFile) as exc:
             raise ValueError(f"cannot read model file {path}: {exc}") from exc

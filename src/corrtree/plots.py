@@ -62,8 +62,12 @@ def training_figures(history: History, out_dir: str | os.PathLike) -> dict[str, 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     per_point = np.asarray(history.fired_pairs, dtype=float) / max(history.n, 1)
     ax.plot(t, per_point, "o-", ms=3, label="measured: Σ_i k_{i,t} / n")
-    ax.axhline(theory.expected_fired(history.m, history.b), ls="--", c="k",
-               label="m·Q(b) (unit-norm data, at init)")
+    ax.axhline(
+        theory.expected_fired(history.m, history.b),
+        ls="--",
+        c="k",
+        label="m·Q(b) (unit-norm data, at init)",
+    )
     ax.axhline(theory.paper_sparsity(history.m), ls=":", c="r", label="m^(4/5) (paper)")
     ax.set_yscale("log")
     ax.set_xlabel("iteration t")
@@ -108,8 +112,12 @@ def _save(fig, path: Path, plt) -> Path:
     return path
 
 
-def write_report(out_dir: str | os.PathLike, history: History, summary: dict[str, Any],
-                 title: str = "corrtree training report") -> Path:
+def write_report(
+    out_dir: str | os.PathLike,
+    history: History,
+    summary: dict[str, Any],
+    title: str = "corrtree training report",
+) -> Path:
     """Write the figures, ``summary.json`` and a self-contained ``report.html``.
 
     ``summary`` holds the headline numbers (accuracy, speed-up, ...); they are

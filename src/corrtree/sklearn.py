@@ -13,20 +13,10 @@ from sklearn.preprocessing import LabelBinarizer
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from . import _config
 from .datasets import unit_rows
 from .model import TwoLayerReLU
-from .training import History, TrainingDiverged, train
-from .training._ntk import lambda_max
-from .training._sparse import keys_to_csr
-
-_RETRIES = 4  # halvings of lr="auto" tried when training diverges
-
-
-def ntk_lambda_max(model: TwoLayerReLU, X: np.ndarray) -> float:
-    """``λ_max`` of the NTK matrix of ``model``'s fire sets on ``X`` (as ``lr="auto"``)."""
-    F = X @ model.W.T >= model.b
-    indptr, idx = keys_to_csr(np.flatnonzero(F.T), model.m, X.shape[0])
-    return lambda_max(indptr, idx, X @ X.T, model._a)
+from .training import History, train
 
 __all__ = ["CorrTreeClassifier", "CorrTreeRegressor"]
 
@@ -34,9 +24,16 @@ __all__ = ["CorrTreeClassifier", "CorrTreeRegressor"]
 class _CorrTreeBase(BaseEstimator):
     """Shared fitting code; see the two public estimators."""
 
-    def __init__(self, width: int = 4096, method: str = "auto", lr: float | str = "auto",
-                 iters: int = 100, threshold: float | None = None, normalize: bool = True,
-                 random_state: int | None = None) -> None:
+    def __init__(
+        self,
+        width: int = 4096,
+        method: str = "auto",
+        lr: float | str = "auto",
+        iters: int = 100,
+        threshold: float | None = None,
+        normalize: bool = True,
+        random_state: int | None = None,
+    ) -> None:
         self.width = width
         self.method = method
         self.lr = lr
@@ -50,8 +47,11 @@ class _CorrTreeBase(BaseEstimator):
         return unit_rows(X) if self.normalize else X
 
     def _fit(self, X: np.ndarray, Y: np.ndarray) -> None:
-        if isinstance(self.width, bool) or not isinstance(self.width, numbers.Integral) \
-                or self.width < 1:
+        if (
+            isinstance(self.width, bool)
+            or not isinstance(self.width, numbers.Integral)
+            or self.width < 1
+        ):
             raise ValueError(f"width must be an integer >= 1, got {self.width!r}")
         seed = self.random_state
         if seed is None:
@@ -59,20 +59,18 @@ class _CorrTreeBase(BaseEstimator):
         elif not isinstance(seed, numbers.Integral):
             raise ValueError(f"random_state must be an integer or None, got {seed!r}")
         X = self._inputs(X)
-        init = TwoLayerReLU.init(d=X.shape[1], m=int(self.width), b=self.threshold,
-                                 outputs=Y.shape[1], seed=int(seed))
-        lr = self.lr
-        for attempt in range(_RETRIES + 1):
-            self.model_ = TwoLayerReLU(init.W, init.a, init.b)
-            try:
-                self.history_: History = train(self.model_, X, Y, method=self.method, lr=lr,
-                                               iters=self.iters)
-                break
-            except TrainingDiverged:
-                if self.lr != "auto" or attempt == _RETRIES:
-                    raise
-                # 1/λ_max assumes fire sets that barely change; halve it until stable
-                lr = 0.5 ** (attempt + 1) / ntk_lambda_max(init, X)
+        self.model_ = TwoLayerReLU.init(
+            d=X.shape[1], m=int(self.width), b=self.threshold, outputs=Y.shape[1], seed=int(seed)
+        )
+        self.history_: History = train(
+            self.model_,
+            X,
+            Y,
+            method=self.method,
+            lr=self.lr,
+            iters=self.iters,
+            lr_retries=_config.LR_RETRIES,
+        )
         self.n_iter_ = len(self.history_)
 
     def _outputs(self, X: np.ndarray) -> np.ndarray:

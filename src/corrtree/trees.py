@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _maxtree
+from . import _config, _maxtree
 from ._validation import (
     as_matrix,
     as_vector,
@@ -26,10 +26,20 @@ from ._validation import (
 
 __all__ = ["CorrelationDTree", "CorrelationWTree"]
 
+
 def _last_occurrence(rs: np.ndarray) -> np.ndarray:
     """Positions of the last occurrence of each distinct value of ``rs``."""
     _, first_in_reversed = np.unique(rs[::-1], return_index=True)
     return rs.shape[0] - 1 - first_in_reversed
+
+
+def _sizes(X: object, W: object) -> tuple[int, int, int]:
+    """``(n, m, d)`` of data ``X`` and weights ``W`` with the same number of columns."""
+    n, d = check_shape_2d("X", X)
+    m, d_w = check_shape_2d("W", W)
+    if d_w != d:
+        raise ValueError(f"W has {d_w} columns but X has d={d}")
+    return n, m, d
 
 
 class _CorrelationTrees:
@@ -38,24 +48,43 @@ class _CorrelationTrees:
     _per_data_point: bool  # True: one tree per x_i (DTree); False: one per w_r (WTree)
 
     def __init__(self, X: np.ndarray, W: np.ndarray) -> None:
-        n, d = check_shape_2d("X", X)
-        m, d_w = check_shape_2d("W", W)
-        if d_w != d:
-            raise ValueError(f"W has {d_w} columns but X has d={d}")
+        n, m, d = _sizes(X, W)
         n_trees, n_leaves = (n, m) if self._per_data_point else (m, n)
-        off = _maxtree.level_offsets(n_leaves)
+        off = _maxtree.level_offsets(n_leaves)  # only to size the memory check
         check_memory(
             8.0 * ((n + m) * d + n_trees * (n_leaves + int(off[-1]))),
             f"{type(self).__name__}(n={n}, m={m}, d={d})",
         )
         self._X = as_matrix("X", X)
         self._W = as_matrix("W", W)
-        self._off = off
         # one GEMM (matmul's own output allocation faults its pages in faster than
         # a np.dot into a fresh np.empty)
-        self._V = self._X @ self._W.T if self._per_data_point else self._W @ self._X.T
-        self._inner = np.empty((n_trees, int(off[-1])), dtype=np.float64)
+        self._set_products(self._X @ self._W.T if self._per_data_point else self._W @ self._X.T)
+
+    def _set_products(self, V: np.ndarray) -> None:
+        self._off = _maxtree.level_offsets(V.shape[1])
+        self._V = V
+        self._inner = np.empty((V.shape[0], int(self._off[-1])), dtype=np.float64)
         _maxtree.build(self._V, self._inner, self._off)
+
+    @classmethod
+    def from_products(cls, X: np.ndarray, W: np.ndarray, V: np.ndarray):
+        """A structure over products ``V`` already known (e.g. read from a checkpoint):
+        no GEMM, O(nm) for the tree levels.
+
+        ``V`` must have the layout of :attr:`products`; it is taken as the
+        stored products as they are (a tree updated in place may hold values
+        that differ from a fresh GEMM in the last bits).
+        """
+        n, m, _ = _sizes(X, W)
+        want = (n, m) if cls._per_data_point else (m, n)
+        if np.shape(V) != want:
+            raise ValueError(f"V must have shape {want}, got {np.shape(V)}")
+        obj = cls.__new__(cls)
+        obj._X = as_matrix("X", X)
+        obj._W = as_matrix("W", W)
+        obj._set_products(as_matrix("V", V))
+        return obj
 
     # -- read-only views -------------------------------------------------------
     @property
@@ -67,6 +96,12 @@ class _CorrelationTrees:
     def W(self) -> np.ndarray:
         """Current weights, shape ``(m, d)`` (read-only view)."""
         return readonly(self._W)
+
+    @property
+    def products(self) -> np.ndarray:
+        """The stored products (read-only view): ``<w_r, x_i>`` at ``[i, r]`` for the
+        DTree (``n × m``), at ``[r, i]`` for the WTree (``m × n``)."""
+        return readonly(self._V)
 
     @property
     def n(self) -> int:
@@ -140,8 +175,8 @@ class _CorrelationTrees:
 
     def _apply(self, rs: np.ndarray, Z: np.ndarray) -> None:
         """Update weights ``rs`` to ``Z`` (trusted input), in chunks whose new
-        products take at most ~256 MiB."""
-        chunk = max(1, (256 * 2**20) // (8 * self.n))
+        products take at most :data:`~corrtree._config.TREE_UPDATE_BLOCK_BYTES`."""
+        chunk = _config.block_rows(8 * self.n, rs.shape[0], _config.TREE_UPDATE_BLOCK_BYTES)
         for s in range(0, rs.shape[0], chunk):
             self._apply_chunk(rs[s : s + chunk], Z[s : s + chunk])
 

@@ -129,8 +129,13 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]
     return text
 
 
-def loglog_plot(path: str | os.PathLike, title: str, series: dict[str, tuple[list, list]],
-                xlabel: str, ylabel: str) -> None:
+def loglog_plot(
+    path: str | os.PathLike,
+    title: str,
+    series: dict[str, tuple[list, list]],
+    xlabel: str,
+    ylabel: str,
+) -> None:
     """A log-log line plot of ``{label: (x, y)}`` written to ``path`` (PNG)."""
     import matplotlib
 

@@ -129,7 +129,12 @@ def dynamic_workload(n: int, m: int, d: int, rounds: int, moves: int, seed: int 
     med = {k: float(np.median(v)) for k, v in times.items()}
     faiss_best = min(med["faiss_rebuild"], med["faiss_idmap"])
     return {
-        "n": n, "m": m, "d": d, "b": b, "rounds": rounds, "moves": moves,
+        "n": n,
+        "m": m,
+        "d": d,
+        "b": b,
+        "rounds": rounds,
+        "moves": moves,
         "median_pairs": float(np.median(pairs_per_round)),
         "median_round_s": med,
         "all_agree": bool(agree),
@@ -190,8 +195,15 @@ def query_vs_output(n: int, m: int, d: int, seed: int = 0) -> dict:
         t_tree = median_time(lambda tau=tau: tree.query_all(tau), repeat=5)[0]
         det = FiringDetector(X, Y, tau, limit=None)
         t_det = median_time(det.query, repeat=5)[0]
-        rows.append({"share": share, "tau": tau, "pairs": det.count(),
-                     "dtree_query_all_s": t_tree, "detector_query_s": t_det})
+        rows.append(
+            {
+                "share": share,
+                "tau": tau,
+                "pairs": det.count(),
+                "dtree_query_all_s": t_tree,
+                "detector_query_s": t_det,
+            }
+        )
     big = [r for r in rows if r["pairs"] >= 10 * n]  # past the O(n) per-tree floor
     return {
         "rows": rows,
@@ -229,20 +241,38 @@ def run(size: str = "large", out_dir: str = "benchmarks/results") -> dict:
         f"Query time vs output size, n={n}, m={m}, d={d} (log-log slopes: DTree "
         f"{qo['slope_dtree']:.2f}, detector {qo['slope_detector']:.2f})",
         ["pairs", "DTree.query_all (ms)", "FiringDetector.query (ms)"],
-        [[r["pairs"], 1e3 * r["dtree_query_all_s"], 1e3 * r["detector_query_s"]]
-         for r in qo["rows"]],
+        [
+            [r["pairs"], 1e3 * r["dtree_query_all_s"], 1e3 * r["detector_query_s"]]
+            for r in qo["rows"]
+        ],
     )
-    result = {"size": size, "params": p, "dynamic": dyn, "init": init, "memory": mem,
-              "query_vs_output": qo}
+    result = {
+        "size": size,
+        "params": p,
+        "dynamic": dyn,
+        "init": init,
+        "memory": mem,
+        "query_vs_output": qo,
+    }
     os.makedirs(out_dir, exist_ok=True)
     png = os.path.join(out_dir, f"ddfn_{size}_query.png")
     pairs = [r["pairs"] for r in qo["rows"]]
-    loglog_plot(png, f"Query time against output size (n={n}, m={m}, d={d})",
-                {f"CorrelationDTree.query_all (slope {qo['slope_dtree']:.2f})":
-                 (pairs, [r["dtree_query_all_s"] for r in qo["rows"]]),
-                 f"FiringDetector.query (slope {qo['slope_detector']:.2f})":
-                 (pairs, [r["detector_query_s"] for r in qo["rows"]])},
-                "firing pairs reported", "seconds")
+    loglog_plot(
+        png,
+        f"Query time against output size (n={n}, m={m}, d={d})",
+        {
+            f"CorrelationDTree.query_all (slope {qo['slope_dtree']:.2f})": (
+                pairs,
+                [r["dtree_query_all_s"] for r in qo["rows"]],
+            ),
+            f"FiringDetector.query (slope {qo['slope_detector']:.2f})": (
+                pairs,
+                [r["detector_query_s"] for r in qo["rows"]],
+            ),
+        },
+        "firing pairs reported",
+        "seconds",
+    )
     result["plot"] = os.path.basename(png)
     path = save_result(out_dir, f"ddfn_{size}", result)
     print(f"wrote {path} and {png}")

@@ -22,23 +22,57 @@ from ._util import in_child, loglog_plot, peak_rss_bytes, print_table, save_resu
 __all__ = ["run_kernel", "run_lazy"]
 
 SIZES: dict[str, dict[str, Any]] = {
-    "small": {"m": 2**12, "ms": [2**10, 2**11, 2**12, 2**13], "ns": [128, 256, 512],
-              "ds": [16, 64, 256], "n": 256, "d": 64, "iters": 20, "slow_iters": 2,
-              "long_m": 2**11, "long_iters": 200, "digits_m": 2**10, "mem_m": 2**13,
-              "d_m": 2**11},
-    "medium": {"m": 2**16, "ms": [2**12, 2**13, 2**14, 2**15, 2**16], "ns": [256, 512, 1024],
-               "ds": [64, 256, 784], "n": 1024, "d": 256, "iters": 20, "slow_iters": 3,
-               "long_m": 2**14, "long_iters": 500, "digits_m": 2**12, "mem_m": 2**17,
-               "d_m": 2**14},
-    "large": {"m": 2**18, "ms": [2**14, 2**15, 2**16, 2**17, 2**18, 2**19, 2**20],
-              "ns": [256, 512, 1024, 2048, 4096], "ds": [64, 256, 784, 3072],
-              "n": 1024, "d": 784, "iters": 20, "slow_iters": 3, "long_m": 2**16,
-              "long_iters": 1000, "digits_m": 2**16, "mem_m": 2**20, "d_m": 2**16},
+    "small": {
+        "m": 2**12,
+        "ms": [2**10, 2**11, 2**12, 2**13],
+        "ns": [128, 256, 512],
+        "ds": [16, 64, 256],
+        "n": 256,
+        "d": 64,
+        "iters": 20,
+        "slow_iters": 2,
+        "long_m": 2**11,
+        "long_iters": 200,
+        "digits_m": 2**10,
+        "mem_m": 2**13,
+        "d_m": 2**11,
+    },
+    "medium": {
+        "m": 2**16,
+        "ms": [2**12, 2**13, 2**14, 2**15, 2**16],
+        "ns": [256, 512, 1024],
+        "ds": [64, 256, 784],
+        "n": 1024,
+        "d": 256,
+        "iters": 20,
+        "slow_iters": 3,
+        "long_m": 2**14,
+        "long_iters": 500,
+        "digits_m": 2**12,
+        "mem_m": 2**17,
+        "d_m": 2**14,
+    },
+    "large": {
+        "m": 2**18,
+        "ms": [2**14, 2**15, 2**16, 2**17, 2**18, 2**19, 2**20],
+        "ns": [256, 512, 1024, 2048, 4096],
+        "ds": [64, 256, 784, 3072],
+        "n": 1024,
+        "d": 784,
+        "iters": 20,
+        "slow_iters": 3,
+        "long_m": 2**16,
+        "long_iters": 1000,
+        "digits_m": 2**16,
+        "mem_m": 2**20,
+        "d_m": 2**16,
+    },
 }
 
 
-def _torch_run(model: TwoLayerReLU, X: np.ndarray, Y: np.ndarray, lr: float,
-               iters: int) -> dict[str, Any]:
+def _torch_run(
+    model: TwoLayerReLU, X: np.ndarray, Y: np.ndarray, lr: float, iters: int
+) -> dict[str, Any]:
     from .train import torch_dense_gd
 
     res = torch_dense_gd(model, X, Y, lr, iters)
@@ -46,8 +80,17 @@ def _torch_run(model: TwoLayerReLU, X: np.ndarray, Y: np.ndarray, lr: float,
     return res
 
 
-def run_one(method: str, data: str, n: int, m: int, d: int, iters: int, lr: Any,
-            seed: int = 0, options: dict | None = None) -> dict[str, Any]:
+def run_one(
+    method: str,
+    data: str,
+    n: int,
+    m: int,
+    d: int,
+    iters: int,
+    lr: Any,
+    seed: int = 0,
+    options: dict | None = None,
+) -> dict[str, Any]:
     """One training run (meant for a child process): times, losses, sketch, peak RSS."""
     if data == "digits":
         ds = digits(test_size=0)
@@ -57,8 +100,14 @@ def run_one(method: str, data: str, n: int, m: int, d: int, iters: int, lr: Any,
         X, Y, outputs = ds.X_train, ds.y_train, 1
     if method != "torch":  # load the compiled kernels outside the timed run
         tiny = sphere(n=8, d=4, outputs=outputs, seed=1)
-        train(TwoLayerReLU.init(d=4, m=64, outputs=outputs), tiny.X_train, tiny.y_train,
-              method=method, iters=2, **(options or {}))
+        train(
+            TwoLayerReLU.init(d=4, m=64, outputs=outputs),
+            tiny.X_train,
+            tiny.y_train,
+            method=method,
+            iters=2,
+            **(options or {}),
+        )
     model = TwoLayerReLU.init(d=X.shape[1], m=m, outputs=outputs, seed=seed)
     if method == "torch":
         t0 = time.perf_counter()
@@ -72,14 +121,21 @@ def run_one(method: str, data: str, n: int, m: int, d: int, iters: int, lr: Any,
     Z = np.random.default_rng(12345).standard_normal((X.shape[1], 4))
     times = hist.iteration_times
     return {
-        "method": hist.method, "lr": hist.lr, "preprocess_s": hist.preprocess_time,
+        "method": hist.method,
+        "lr": hist.lr,
+        "preprocess_s": hist.preprocess_time,
         "per_iter_s": float(np.median(times)) if iters else math.nan,
         "mean_iter_s": float(np.mean(times)) if iters else math.nan,
-        "iteration_s": times.tolist(), "total_s": total, "loss": hist.loss,
-        "final_loss": hist.final_loss, "sketch": (model.W @ Z).tolist(),
+        "iteration_s": times.tolist(),
+        "total_s": total,
+        "loss": hist.loss,
+        "final_loss": hist.final_loss,
+        "sketch": (model.W @ Z).tolist(),
         "band_pairs": hist.band_pairs[-1] if iters else 0,
-        "reanchored": int(np.sum(hist.reanchored)), "fired_pairs": hist.fired_pairs[:1],
-        "peak_rss_gib": peak_rss_bytes() / 2**30, "info": hist.info,
+        "reanchored": int(np.sum(hist.reanchored)),
+        "fired_pairs": hist.fired_pairs[:1],
+        "peak_rss_gib": peak_rss_bytes() / 2**30,
+        "info": hist.info,
     }
 
 
@@ -109,8 +165,10 @@ def without_sketches(res: Any) -> Any:
 
 def _gemm_times(n: int, m: int, d: int) -> dict[str, float]:
     """One float64 and one float32 GEMM of n×d×m (the floor for all products)."""
-    return {"gemm64_s": in_child(_gemm_job, n, m, d, "float64"),
-            "gemm32_s": in_child(_gemm_job, n, m, d, "float32")}
+    return {
+        "gemm64_s": in_child(_gemm_job, n, m, d, "float64"),
+        "gemm32_s": in_child(_gemm_job, n, m, d, "float32"),
+    }
 
 
 def _gemm_job(n: int, m: int, d: int, dtype: str) -> float:
@@ -143,8 +201,9 @@ def headline(method: str, p: dict[str, Any]) -> dict[str, Any]:
     res["speedup_whole_run"] = {
         "vs_dense": res["dense"]["whole_run_20_s_extrapolated"] / fast["total_s"],
     }
-    res["trajectories_agree"] = (res["dense"]["max_rel_loss_diff"] < 1e-9
-                                 and res["dense"]["rel_W_sketch_diff"] < 1e-9)
+    res["trajectories_agree"] = (
+        res["dense"]["max_rel_loss_diff"] < 1e-9 and res["dense"]["rel_W_sketch_diff"] < 1e-9
+    )
     res.update(_gemm_times(n, m, d))
     res["whole_run_vs_gemm64"] = fast["total_s"] / res["gemm64_s"]
     res["preprocess_vs_gemm64"] = fast["preprocess_s"] / res["gemm64_s"]
@@ -157,14 +216,25 @@ def scaling(method: str, key: str, values: list[int], p: dict[str, Any]) -> dict
     for v in values:
         kw = {"n": p["n"], "m": p["m"], "d": p["d"], key: v}
         r = _child(method, "sphere", kw["n"], kw["m"], kw["d"], p["iters"], "auto")
-        rows.append({key: v, "per_iter_s": r["per_iter_s"], "mean_iter_s": r["mean_iter_s"],
-                     "preprocess_s": r["preprocess_s"], "peak_rss_gib": r["peak_rss_gib"],
-                     "band_pairs": r["band_pairs"], "n": kw["n"], "m": kw["m"],
-                     "d": kw["d"]})
+        rows.append(
+            {
+                key: v,
+                "per_iter_s": r["per_iter_s"],
+                "mean_iter_s": r["mean_iter_s"],
+                "preprocess_s": r["preprocess_s"],
+                "peak_rss_gib": r["peak_rss_gib"],
+                "band_pairs": r["band_pairs"],
+                "n": kw["n"],
+                "m": kw["m"],
+                "d": kw["d"],
+            }
+        )
     xs = [r[key] for r in rows]
-    return {"rows": rows, "slope": slope(xs, [r["per_iter_s"] for r in rows]),
-            "max_over_min": max(r["per_iter_s"] for r in rows)
-            / min(r["per_iter_s"] for r in rows)}
+    return {
+        "rows": rows,
+        "slope": slope(xs, [r["per_iter_s"] for r in rows]),
+        "max_over_min": max(r["per_iter_s"] for r in rows) / min(r["per_iter_s"] for r in rows),
+    }
 
 
 def _for(key: str, p: dict[str, Any]) -> dict[str, Any]:
@@ -183,9 +253,14 @@ def on_digits(method: str, p: dict[str, Any]) -> dict[str, Any]:
     fast = _child(method, "digits", 0, m, 0, iters, "auto")
     dense = _child("dense", "digits", 0, m, 0, p["slow_iters"], fast["lr"])
     torch_r = _child("torch", "digits", 0, m, 0, p["slow_iters"], fast["lr"])
-    return {"m": m, method: fast, "dense": dense, "torch": torch_r,
-            "speedup_vs_dense": dense["per_iter_s"] / fast["per_iter_s"],
-            **_same(fast, dense)}
+    return {
+        "m": m,
+        method: fast,
+        "dense": dense,
+        "torch": torch_r,
+        "speedup_vs_dense": dense["per_iter_s"] / fast["per_iter_s"],
+        **_same(fast, dense),
+    }
 
 
 def _table(title: str, res: dict[str, Any], method: str) -> None:
@@ -193,12 +268,28 @@ def _table(title: str, res: dict[str, Any], method: str) -> None:
     for k in (method, "dense", "torch", "dtree", "wtree", "lazy", "kernel"):
         if k in res and isinstance(res[k], dict) and "per_iter_s" in res[k]:
             r = res[k]
-            rows.append([k, r.get("preprocess_s", float("nan")), r["per_iter_s"],
-                         res["dense"]["per_iter_s"] / r["per_iter_s"],
-                         r.get("whole_run_20_s_extrapolated", r.get("total_s")),
-                         r.get("peak_rss_gib", float("nan"))])
-    print_table(title, ["method", "preprocess (s)", "per iteration (s, median)",
-                        "speed-up vs dense", "whole run, 20 its (s)", "peak RSS (GiB)"], rows)
+            rows.append(
+                [
+                    k,
+                    r.get("preprocess_s", float("nan")),
+                    r["per_iter_s"],
+                    res["dense"]["per_iter_s"] / r["per_iter_s"],
+                    r.get("whole_run_20_s_extrapolated", r.get("total_s")),
+                    r.get("peak_rss_gib", float("nan")),
+                ]
+            )
+    print_table(
+        title,
+        [
+            "method",
+            "preprocess (s)",
+            "per iteration (s, median)",
+            "speed-up vs dense",
+            "whole run, 20 its (s)",
+            "peak RSS (GiB)",
+        ],
+        rows,
+    )
 
 
 def run_lazy(size: str = "large", out_dir: str = "benchmarks/results") -> dict[str, Any]:
@@ -218,48 +309,77 @@ def _suite(method: str, size: str, out_dir: str) -> dict[str, Any]:
     result: dict[str, Any] = {"size": size, "params": p, "method": method}
     head = headline(method, p)
     if method == "kernel":
-        head["lazy"] = _child("lazy", "sphere", p["n"], p["m"], p["d"], p["iters"],
-                              head["kernel"]["lr"])
+        head["lazy"] = _child(
+            "lazy", "sphere", p["n"], p["m"], p["d"], p["iters"], head["kernel"]["lr"]
+        )
     result["headline"] = head
-    _table(f"{method}: n={p['n']}, d={p['d']}, m={p['m']}; trajectories agree: "
-           f"{head['trajectories_agree']}; one float64 GEMM {head['gemm64_s']:.3g} s, "
-           f"float32 {head['gemm32_s']:.3g} s; whole {method} run / GEMM64 = "
-           f"{head['whole_run_vs_gemm64']:.2f}", head, method)
+    _table(
+        f"{method}: n={p['n']}, d={p['d']}, m={p['m']}; trajectories agree: "
+        f"{head['trajectories_agree']}; one float64 GEMM {head['gemm64_s']:.3g} s, "
+        f"float32 {head['gemm32_s']:.3g} s; whole {method} run / GEMM64 = "
+        f"{head['whole_run_vs_gemm64']:.2f}",
+        head,
+        method,
+    )
     result["scaling_m"] = scaling(method, "m", p["ms"], p)
     rows_m = result["scaling_m"]["rows"]
-    print_table(f"{method}: scaling in m (n={rows_m[0]['n']}, d={rows_m[0]['d']}), slope "
-                f"{result['scaling_m']['slope']:.2f}", ["m", "per iteration (s)",
-                                                        "preprocess (s)", "peak RSS (GiB)"],
-                [[r["m"], r["per_iter_s"], r["preprocess_s"], r["peak_rss_gib"]]
-                 for r in rows_m])
+    print_table(
+        f"{method}: scaling in m (n={rows_m[0]['n']}, d={rows_m[0]['d']}), slope "
+        f"{result['scaling_m']['slope']:.2f}",
+        ["m", "per iteration (s)", "preprocess (s)", "peak RSS (GiB)"],
+        [[r["m"], r["per_iter_s"], r["preprocess_s"], r["peak_rss_gib"]] for r in rows_m],
+    )
     other = "ds" if method == "lazy" else "ns"
     key = "d" if method == "lazy" else "n"
     result[f"scaling_{key}"] = sc = scaling(method, key, p[other], _for(key, p))
-    print_table(f"{method}: scaling in {key}, slope {sc['slope']:.2f}, max/min "
-                f"{sc['max_over_min']:.2f}", [key, "per iteration (s)", "preprocess (s)"],
-                [[r[key], r["per_iter_s"], r["preprocess_s"]] for r in sc["rows"]])
+    print_table(
+        f"{method}: scaling in {key}, slope {sc['slope']:.2f}, max/min {sc['max_over_min']:.2f}",
+        [key, "per iteration (s)", "preprocess (s)"],
+        [[r[key], r["per_iter_s"], r["preprocess_s"]] for r in sc["rows"]],
+    )
     if method == "kernel":
         result["scaling_d"] = scd = scaling(method, "d", p["ds"], _for("d", p))
-        print_table(f"kernel: scaling in d, max/min {scd['max_over_min']:.2f}",
-                    ["d", "per iteration (s)"], [[r["d"], r["per_iter_s"]] for r in scd["rows"]])
+        print_table(
+            f"kernel: scaling in d, max/min {scd['max_over_min']:.2f}",
+            ["d", "per iteration (s)"],
+            [[r["d"], r["per_iter_s"]] for r in scd["rows"]],
+        )
         result["long_run"] = lr_res = long_run(p)
-        print_table(f"long run: m={p['long_m']}, n={p['n']}, {p['long_iters']} iterations at "
-                    "lr = 0.1 x auto", ["method", "total (s)", "per iteration (s, median)"],
-                    [[k, lr_res[k]["total_s"], lr_res[k]["per_iter_s"]]
-                     for k in ("kernel", "lazy", "dense")])
+        print_table(
+            f"long run: m={p['long_m']}, n={p['n']}, {p['long_iters']} iterations at "
+            "lr = 0.1 x auto",
+            ["method", "total (s)", "per iteration (s, median)"],
+            [
+                [k, lr_res[k]["total_s"], lr_res[k]["per_iter_s"]]
+                for k in ("kernel", "lazy", "dense")
+            ],
+        )
     result["digits"] = dg = on_digits(method, p)
-    print_table(f"digits (n=1797, K=10, m={dg['m']}): speed-up vs dense "
-                f"{dg['speedup_vs_dense']:.1f}", ["method", "per iteration (s)"],
-                [[k, dg[k]["per_iter_s"]] for k in (method, "dense", "torch")])
+    print_table(
+        f"digits (n=1797, K=10, m={dg['m']}): speed-up vs dense {dg['speedup_vs_dense']:.1f}",
+        ["method", "per iteration (s)"],
+        [[k, dg[k]["per_iter_s"]] for k in (method, "dense", "torch")],
+    )
     result["memory"] = mem = _child(method, "sphere", p["n"], p["mem_m"], p["d"], 3, "auto")
-    print(f"{method} at m={p['mem_m']}, n={p['n']}, d={p['d']}: peak RSS "
-          f"{mem['peak_rss_gib']:.2f} GiB")
+    print(
+        f"{method} at m={p['mem_m']}, n={p['n']}, d={p['d']}: peak RSS "
+        f"{mem['peak_rss_gib']:.2f} GiB"
+    )
     os.makedirs(out_dir, exist_ok=True)
     png = os.path.join(out_dir, f"{method}_{size}_scaling.png")
-    series = {f"{method} (slope {result['scaling_m']['slope']:.2f})":
-              ([r["m"] for r in rows_m], [r["per_iter_s"] for r in rows_m])}
-    loglog_plot(png, f"{method}: per-iteration time against width m (n={rows_m[0]['n']}, "
-                f"d={rows_m[0]['d']})", series, "width m", "seconds per iteration (median)")
+    series = {
+        f"{method} (slope {result['scaling_m']['slope']:.2f})": (
+            [r["m"] for r in rows_m],
+            [r["per_iter_s"] for r in rows_m],
+        )
+    }
+    loglog_plot(
+        png,
+        f"{method}: per-iteration time against width m (n={rows_m[0]['n']}, d={rows_m[0]['d']})",
+        series,
+        "width m",
+        "seconds per iteration (median)",
+    )
     result["plot"] = os.path.basename(png)
     path = save_result(out_dir, f"{method}_{size}", without_sketches(result))
     print(f"wrote {path} and {png}")

@@ -28,15 +28,16 @@ SIZES: dict[str, dict[str, Any]] = {
 METHODS = ("dense", "dtree", "wtree")
 
 
-def torch_dense_gd(model: TwoLayerReLU, X: np.ndarray, Y: np.ndarray, lr: float,
-                   iters: int) -> dict[str, Any]:
+def torch_dense_gd(
+    model: TwoLayerReLU, X: np.ndarray, Y: np.ndarray, lr: float, iters: int
+) -> dict[str, Any]:
     """The same GD with PyTorch (float64, autograd); per-iteration times and losses."""
     import torch
 
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
     Xt = torch.from_numpy(X)
     Yt = torch.from_numpy(Y.reshape(X.shape[0], -1))
-    A = torch.from_numpy(model._a)
+    A = torch.from_numpy(np.array(model.output_weights))
     W = torch.from_numpy(model.W.copy()).requires_grad_(True)
     times, losses = [], []
     for _ in range(iters):
@@ -48,12 +49,12 @@ def torch_dense_gd(model: TwoLayerReLU, X: np.ndarray, Y: np.ndarray, lr: float,
             W -= lr * grad
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
-    return {"per_iter_s": float(np.median(times)), "loss": losses,
-            "W": W.detach().numpy()}
+    return {"per_iter_s": float(np.median(times)), "loss": losses, "W": W.detach().numpy()}
 
 
-def compare(X: np.ndarray, Y: np.ndarray, m: int, iters: int, outputs: int,
-            seed: int = 0) -> dict[str, Any]:
+def compare(
+    X: np.ndarray, Y: np.ndarray, m: int, iters: int, outputs: int, seed: int = 0
+) -> dict[str, Any]:
     """Every method (and PyTorch) on the same model, data and learning rate."""
     model0 = TwoLayerReLU.init(d=X.shape[1], m=m, outputs=outputs, seed=seed)
     out: dict[str, Any] = {"m": m, "n": X.shape[0], "d": X.shape[1], "outputs": outputs}
@@ -74,17 +75,21 @@ def compare(X: np.ndarray, Y: np.ndarray, m: int, iters: int, outputs: int,
             ref = row
             ref["W"] = model.W.copy()
         else:
-            row["max_rel_loss_diff"] = float(np.max(np.abs(np.array(hist.loss)
-                                                           - ref["loss"]) / ref["loss"]))
-            row["rel_W_diff"] = float(np.linalg.norm(model.W - ref["W"])
-                                      / np.linalg.norm(ref["W"]))
+            row["max_rel_loss_diff"] = float(
+                np.max(np.abs(np.array(hist.loss) - ref["loss"]) / ref["loss"])
+            )
+            row["rel_W_diff"] = float(np.linalg.norm(model.W - ref["W"]) / np.linalg.norm(ref["W"]))
         out[method] = row
         del model
     try:
         tr = torch_dense_gd(model0, X, Y, ref["lr"], iters)
-        out["torch"] = {"per_iter_s": tr["per_iter_s"], "loss": tr["loss"],
-                        "max_rel_loss_diff": float(np.max(np.abs(np.array(tr["loss"])
-                                                                 - ref["loss"]) / ref["loss"]))}
+        out["torch"] = {
+            "per_iter_s": tr["per_iter_s"],
+            "loss": tr["loss"],
+            "max_rel_loss_diff": float(
+                np.max(np.abs(np.array(tr["loss"]) - ref["loss"]) / ref["loss"])
+            ),
+        }
     except ImportError:
         out["torch"] = None
     ref.pop("W")
@@ -102,8 +107,15 @@ def _rows(res: dict[str, Any]) -> list[list[Any]]:
             continue
         t = res[k]["per_iter_s"]
         moved = res[k].get("moved_share")
-        rows.append([k, res[k].get("preprocess_s", float("nan")), t, dense / t,
-                     float(np.mean(moved)) if moved else float("nan")])
+        rows.append(
+            [
+                k,
+                res[k].get("preprocess_s", float("nan")),
+                t,
+                dense / t,
+                float(np.mean(moved)) if moved else float("nan"),
+            ]
+        )
     return rows
 
 
@@ -111,26 +123,41 @@ def run(size: str = "large", out_dir: str = "benchmarks/results") -> dict[str, A
     """Run the suite at ``size``; print tables and write ``train_<size>.json``."""
     p = SIZES[size]
     ds = sphere(n=p["n"], d=p["d"], seed=0)
-    header = ["method", "preprocess (s)", "per iteration (s)", "speed-up vs dense",
-              "moved share"]
+    header = ["method", "preprocess (s)", "per iteration (s)", "speed-up vs dense", "moved share"]
     synthetic = []
     for m in p["ms"]:
         res = compare(ds.X_train, ds.y_train, m, p["iters"], 1)
         synthetic.append(res)
-        print_table(f"Unit-norm synthetic, n={p['n']}, d={p['d']}, m={m}: trajectories agree: "
-                    f"{res['trajectories_agree']}", header, _rows(res))
+        print_table(
+            f"Unit-norm synthetic, n={p['n']}, d={p['d']}, m={m}: trajectories agree: "
+            f"{res['trajectories_agree']}",
+            header,
+            _rows(res),
+        )
     dg = digits(test_size=0)
     res_digits = compare(dg.X_train, dg.y_train, p["digits_m"], p["iters"], dg.outputs)
-    print_table(f"digits, n={dg.X_train.shape[0]}, d=64, K=10, m={p['digits_m']}: trajectories "
-                f"agree: {res_digits['trajectories_agree']}", header, _rows(res_digits))
+    print_table(
+        f"digits, n={dg.X_train.shape[0]}, d=64, K=10, m={p['digits_m']}: trajectories "
+        f"agree: {res_digits['trajectories_agree']}",
+        header,
+        _rows(res_digits),
+    )
     result = {"size": size, "params": p, "synthetic": synthetic, "digits": res_digits}
     os.makedirs(out_dir, exist_ok=True)
     png = os.path.join(out_dir, f"train_{size}_per_iteration.png")
     ms = [r["m"] for r in synthetic]
-    series = {k: (ms, [r[k]["per_iter_s"] for r in synthetic]) for k in (*METHODS, "torch")
-              if all(r.get(k) for r in synthetic)}
-    loglog_plot(png, f"The paper's trainers against dense GD (n={p['n']}, d={p['d']})",
-                series, "width m", "seconds per iteration (median)")
+    series = {
+        k: (ms, [r[k]["per_iter_s"] for r in synthetic])
+        for k in (*METHODS, "torch")
+        if all(r.get(k) for r in synthetic)
+    }
+    loglog_plot(
+        png,
+        f"The paper's trainers against dense GD (n={p['n']}, d={p['d']})",
+        series,
+        "width m",
+        "seconds per iteration (median)",
+    )
     result["plot"] = os.path.basename(png)
     path = save_result(out_dir, f"train_{size}", result)
     print(f"wrote {path} and {png}")

@@ -1,4 +1,15 @@
-"""What every trainer provides to :func:`corrtree.train`."""
+"""What every trainer provides to :func:`corrtree.train`, and the tree trainers' base.
+
+Life of a trainer (``docs/design.md``, "Trainers")
+    ``Trainer(model, X, Y, G, lr, **options)`` does the method's preprocessing
+    from ``W(0) = model.W`` (read only), resolves ``lr`` (``"auto"``: from the
+    fire sets it just found) and sets up everything that depends on it: a
+    trainer is complete when it is made.  ``step()`` performs one iteration
+    ``W(t) -> W(t+1)`` and returns its History row; ``weights(start, stop)``
+    gives rows of the current ``W(t)``.  The trainer owns the current weights;
+    the model keeps ``W(0)`` until the run writes ``W(T)`` into it once, at
+    the end (:func:`corrtree.training._train.write_weights`).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +20,13 @@ from typing import Any
 import numpy as np
 
 from ..model import TwoLayerReLU
+from ._ntk import auto_lr
+from ._sparse import count_changed, stepped_rows
+from ._state import Field, Schema, check_csr, fail
 
-__all__ = ["Timer", "Trainer"]
+__all__ = ["Timer", "Trainer", "TreeTrainer", "previous_fire", "tree_schema"]
+
+PHASES = ("query", "forward", "backward", "update")
 
 
 class Timer:
@@ -36,8 +52,7 @@ class Timer:
 
     def pop(self) -> dict[str, float]:
         """Times of the phases since the last ``pop``, as History columns."""
-        out = {f"time_{k}": self.seconds.get(k, 0.0)
-               for k in ("query", "forward", "backward", "update")}
+        out = {f"time_{k}": self.seconds.get(k, 0.0) for k in PHASES}
         self.seconds = {}
         return out
 
@@ -45,23 +60,101 @@ class Timer:
 class Trainer:
     """Full-batch gradient descent on a :class:`TwoLayerReLU`, one method.
 
-    A trainer does its preprocessing in ``__init__``; ``step`` performs one
-    iteration ``W(t) -> W(t+1)`` and returns that iteration's History row;
-    ``finish`` leaves ``W(T)`` in the model.
+    Parameters
+    ----------
+    model : TwoLayerReLU
+        Its weights are ``W(0)``; the trainer never writes the model.
+    X, Y : ndarray
+        Validated data ``(n, d)`` and targets ``(n, K)``.
+    G : ndarray
+        ``X Xᵀ``.
+    lr : float or "auto"
+        Learning rate; ``"auto"`` is ``1/λ_max`` of the NTK matrix of the
+        initial fire sets (:func:`._ntk.auto_lr`).
+    **options
+        Method options, passed to :meth:`_prepare`.
     """
 
     name = ""
 
-    def __init__(self, model: TwoLayerReLU, X: np.ndarray, Y: np.ndarray, G: np.ndarray) -> None:
-        self.model = model
+    def __init__(
+        self,
+        model: TwoLayerReLU,
+        X: np.ndarray,
+        Y: np.ndarray,
+        G: np.ndarray,
+        lr: float | str,
+        **options: Any,
+    ) -> None:
+        self._bind(model, X, Y, G)
+        self._prepare(model.W, **options)
+        t0 = time.perf_counter()
+        lr = auto_lr(*self.initial_fire_sets(), G, self.a, self.ntk()) if lr == "auto" else lr
+        self.info["lr_s"] = time.perf_counter() - t0
+        self._set_lr(lr)
+        self._start()
+        self.timer.pop()  # preprocessing is not part of the first iteration
+
+    def _bind(self, model: TwoLayerReLU, X: np.ndarray, Y: np.ndarray, G: np.ndarray) -> None:
+        """What every trainer holds of the run: data, output weights, threshold."""
         self.X, self.Y, self.G = X, Y, G
-        self.a = model._a
+        self.a = np.array(model.output_weights)  # (m, K)
         self.b = model.b
         self.m = model.m
         self.scale = 1.0 / math.sqrt(model.m)
-        self.lr = math.nan
         self.timer = Timer()
         self.info: dict[str, Any] = {}
+
+    def _set_lr(self, lr: float) -> None:
+        self.lr = float(lr)
+        self.eta_s = self.lr * self.scale  # η/sqrt(m), the step of every coefficient
+
+    # -- state: what a checkpoint holds (``_state.Schema``) ---------------------------
+    SCHEMA: Schema
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The trainer's whole state as named arrays and scalars (see :attr:`SCHEMA`)."""
+        raise NotImplementedError
+
+    @classmethod
+    def restore(
+        cls,
+        model: TwoLayerReLU,
+        X: np.ndarray,
+        Y: np.ndarray,
+        G: np.ndarray,
+        lr: float,
+        arrays: dict[str, np.ndarray],
+        scalars: dict[str, Any],
+    ) -> Trainer:
+        """A trainer in the state ``(arrays, scalars)`` written by :meth:`state`, checked
+        against :attr:`SCHEMA` first (:class:`~._state.CheckpointError` if it fails)."""
+        sizes = {"n": X.shape[0], "m": model.m, "d": model.d, "K": model.outputs}
+        sizes = cls.SCHEMA.check(arrays, scalars, sizes)
+        trainer = cls.__new__(cls)
+        trainer._bind(model, X, Y, G)
+        trainer._set_lr(lr)
+        trainer._restore(model.W, arrays, scalars, sizes)
+        trainer.timer.pop()
+        return trainer
+
+    def _restore(
+        self,
+        W0: np.ndarray,
+        arrays: dict[str, np.ndarray],
+        scalars: dict[str, Any],
+        sizes: dict[str, int],
+    ) -> None:
+        """Take the state (already checked against :attr:`SCHEMA`); ``W0``: ``model.W``."""
+        raise NotImplementedError
+
+    # -- what a method defines ------------------------------------------------------
+    def _prepare(self, W0: np.ndarray, **options: Any) -> None:
+        """Preprocessing from ``W0`` (read-only), before the learning rate is known."""
+        raise NotImplementedError
+
+    def _start(self) -> None:
+        """Set up what depends on the learning rate (``self.lr``, ``self.eta_s``)."""
 
     def initial_fire_sets(self) -> tuple[np.ndarray, np.ndarray]:
         """r-major CSR ``(indptr, idx)`` of the fire sets of ``W(0)``."""
@@ -79,39 +172,96 @@ class Trainer:
         """Loss at the current weights (after the last step)."""
         raise NotImplementedError
 
-    def finish(self) -> None:
-        """Write the current weights into the model."""
+    def weights(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows ``start:stop`` of the current weights ``W(t)``, as a new array."""
+        raise NotImplementedError
 
+    # -- shared helpers ---------------------------------------------------------------
     def _loss(self, u: np.ndarray) -> tuple[np.ndarray, float]:
         err = u - self.Y
         return err, 0.5 * float(np.einsum("ik,ik->", err, err))
 
+    def _row(
+        self,
+        loss: float,
+        fired_pairs: int,
+        moved_neurons: int,
+        flips: int,
+        band_pairs: int = 0,
+        reanchored: int = 0,
+    ) -> dict[str, Any]:
+        """The History row of the iteration just done, with its phase times."""
+        return {
+            "loss": loss,
+            "fired_pairs": int(fired_pairs),
+            "moved_neurons": int(moved_neurons),
+            "flips": int(flips),
+            "band_pairs": int(band_pairs),
+            "reanchored": int(reanchored),
+            **self.timer.pop(),
+        }
+
 
 class TreeTrainer(Trainer):
-    """What the paper's two trainers share: a correlation tree holding W and the products."""
+    """What the paper's two trainers share: a correlation tree that owns ``W(t)``
+    and its products, a sparse gradient on the fired pairs, one batched update."""
 
     tree: Any  # CorrelationDTree or CorrelationWTree, built by the subclass
 
     def _outputs(self) -> np.ndarray:
         raise NotImplementedError
 
-    def _gradient_step(self, fire_r: tuple[np.ndarray, np.ndarray], err: np.ndarray
-                       ) -> np.ndarray:
+    def _gradient_step(self, fire_r: tuple[np.ndarray, np.ndarray], err: np.ndarray) -> np.ndarray:
         """Sparse gradient on the fired pairs (r-major fire sets), then the tree update
         for every neuron that moved (one batched ``update_many``).  Returns them."""
-        from ._sparse import apply_sparse_gradient
-
+        indptr, idx = fire_r
         with self.timer("backward"):
-            moved = apply_sparse_gradient(self.tree._W, *fire_r, self.X, self.a, err,
-                                          self.lr * self.scale)
+            moved = np.flatnonzero(np.diff(indptr)).astype(np.int64)
+            Z = stepped_rows(self.tree.W, moved, indptr, idx, self.X, self.a, err, self.eta_s)
         with self.timer("update"):
-            self.tree._apply(moved, self.tree._W[moved])
+            self.tree.update_many(moved, Z)
         return moved
+
+    def _flips(
+        self, previous: tuple[np.ndarray, np.ndarray] | None, current: tuple[np.ndarray, np.ndarray]
+    ) -> int:
+        return 0 if previous is None else count_changed(*previous, *current)
 
     def final_loss(self) -> float:
         loss = self._loss(self._outputs())[1]
         self.timer.pop()
         return loss
 
-    def finish(self) -> None:
-        self.model._W[...] = self.tree._W
+    def weights(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        return np.array(self.tree.W[start:stop])
+
+    def _tree_state(
+        self, previous: tuple[np.ndarray, np.ndarray] | None
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        arrays = {"W": self.tree.W, "V": self.tree.products}
+        if previous is not None:
+            arrays["prev_indptr"], arrays["prev_idx"] = previous
+        return arrays, {}
+
+
+def previous_fire(arrays: dict[str, np.ndarray], cols: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The optional fire sets of the previous iteration of a state (CSR, checked)."""
+    if ("prev_indptr" in arrays) != ("prev_idx" in arrays):
+        fail("prev_idx", "prev_indptr and prev_idx must come together")
+    if "prev_indptr" not in arrays:
+        return None
+    check_csr("prev_idx", arrays["prev_indptr"], arrays["prev_idx"], cols)
+    return arrays["prev_indptr"], arrays["prev_idx"]
+
+
+def tree_schema(products: tuple[str, str], prev_rows: str) -> Schema:
+    """State of a tree trainer: weights, stored products, the previous fire sets."""
+    return Schema(
+        1,
+        (
+            Field("W", ("f8",), ("m", "d")),
+            Field("V", ("f8",), products),
+            Field("prev_indptr", ("i8",), (prev_rows,), optional=True),
+            Field("prev_idx", ("i8",), ("nnz",), optional=True),
+        ),
+    )

@@ -15,11 +15,10 @@ import scipy.linalg
 import scipy.sparse.linalg
 from numba import njit, prange
 
+from .. import _config
 from ._sparse import transpose_csr
 
-__all__ = ["lambda_max", "ntk_matrix"]
-
-_DENSE_LIMIT = 2048  # form H and use LAPACK up to this order, else Lanczos on a matvec
+__all__ = ["auto_lr", "lambda_max", "ntk_matrix"]
 
 
 @njit(cache=True, parallel=True)
@@ -77,20 +76,24 @@ def ntk_matrix(indptr_r: np.ndarray, idx_r: np.ndarray, G: np.ndarray, a: np.nda
 
 
 def lambda_max(
-    indptr_r: np.ndarray, idx_r: np.ndarray, G: np.ndarray, a: np.ndarray,
+    indptr_r: np.ndarray,
+    idx_r: np.ndarray,
+    G: np.ndarray,
+    a: np.ndarray,
     H: np.ndarray | None = None,
 ) -> float:
     """Largest eigenvalue of the NTK matrix ``H`` of the given fire sets.
 
-    Up to order 2048 ``H`` is formed (or taken from ``H``, which must be
-    :func:`ntk_matrix` of the same fire sets) and LAPACK gives the eigenvalue;
+    Up to order :data:`~corrtree._config.NTK_DENSE_EIG_LIMIT` ``H`` is formed (or
+    taken from ``H``, which must be :func:`ntk_matrix` of the same fire sets) and
+    LAPACK gives the eigenvalue;
     beyond, Lanczos (ARPACK, a fixed random start vector) runs on the sparse
     matvec.  The result is deterministic for given inputs.
     """
     n, K = G.shape[0], a.shape[1]
     if idx_r.shape[0] == 0:
         return 0.0
-    if n * K <= _DENSE_LIMIT:
+    if n * K <= _config.NTK_DENSE_EIG_LIMIT:
         if H is None:
             H = ntk_matrix(indptr_r, idx_r, G, a)
         return float(scipy.linalg.eigvalsh(H, subset_by_index=[n * K - 1, n * K - 1])[0])
@@ -104,6 +107,28 @@ def lambda_max(
     # A fixed generic start vector: deterministic, and not confined to an
     # invariant subspace the way a constant vector can be.
     v0 = np.random.default_rng(0).standard_normal(n * K)
-    val = scipy.sparse.linalg.eigsh(op, k=1, which="LA", v0=v0, tol=1e-4,
-                                    return_eigenvectors=False)
+    val = scipy.sparse.linalg.eigsh(op, k=1, which="LA", v0=v0, tol=1e-4, return_eigenvectors=False)
     return float(val[0])
+
+
+def auto_lr(
+    indptr_r: np.ndarray,
+    idx_r: np.ndarray,
+    G: np.ndarray,
+    a: np.ndarray,
+    H: np.ndarray | None = None,
+) -> float:
+    """``lr="auto"``: ``1 / λ_max`` of the NTK matrix of the fire sets (see :func:`lambda_max`).
+
+    Raises
+    ------
+    ValueError
+        If no pair fires (``λ_max = 0``).
+    """
+    lam = lambda_max(indptr_r, idx_r, G, a, H)
+    if not lam > 0:
+        raise ValueError(
+            "lr='auto' needs at least one firing pair (no neuron fires on the data at "
+            "initialization); give lr explicitly or lower the threshold b"
+        )
+    return 1.0 / lam

@@ -11,10 +11,10 @@ import numpy as np
 from numba import njit, prange
 
 __all__ = [
-    "apply_sparse_gradient",
     "count_changed",
     "keys_to_csr",
     "outputs_from_products",
+    "stepped_rows",
     "transpose_csr",
 ]
 
@@ -95,27 +95,22 @@ def outputs_from_products(indptr_i, idx_i, V, by_point, a, b, scale):
 
 
 @njit(cache=True, parallel=True)
-def apply_sparse_gradient(W, indptr_r, idx_r, X, a, err, step):
-    """``w_r -= step · Σ_{i ∈ S̃_r} (a_r · err_i) · x_i`` for every neuron, in place.
-
-    Returns the neurons that moved (non-empty ``S̃_r``).  O(Σ_r k̃_r · (d + K)).
-    """
-    m = indptr_r.shape[0] - 1
+def stepped_rows(W, rows, indptr_r, idx_r, X, a, err, step):
+    """``w_r - step · Σ_{i ∈ S̃_r} (a_r · err_i) · x_i`` for every ``r`` of ``rows``, as a
+    new ``(len(rows), d)`` array.  O(Σ_r k̃_r · (d + K))."""
     d = X.shape[1]
     K = a.shape[1]
-    for r in prange(m):
+    out = np.empty((rows.shape[0], d))
+    for k in prange(rows.shape[0]):
+        r = rows[k]
+        for q in range(d):
+            out[k, q] = W[r, q]
         for p in range(indptr_r[r], indptr_r[r + 1]):
             i = idx_r[p]
             c = 0.0
-            for k in range(K):
-                c += a[r, k] * err[i, k]
+            for kk in range(K):
+                c += a[r, kk] * err[i, kk]
             c *= step
             for q in range(d):
-                W[r, q] -= c * X[i, q]
-    moved = np.empty(m, dtype=np.int64)
-    n_moved = 0
-    for r in range(m):
-        if indptr_r[r + 1] > indptr_r[r]:
-            moved[n_moved] = r
-            n_moved += 1
-    return moved[:n_moved]
+                out[k, q] -= c * X[i, q]
+    return out

@@ -8,38 +8,41 @@ import os
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from .. import _config
+from .._io import remove_stale_temporaries
 from .._validation import as_matrix
 from ..model import TwoLayerReLU, as_targets
 from ._base import Trainer
-from ._ntk import lambda_max
-from .checkpoint import CheckpointError, data_digest, load_checkpoint, save_checkpoint
+from ._registry import METHODS, TRAINERS
+from ._state import CheckpointError
+from .checkpoint import data_digest, load_checkpoint, read_manifest, save_checkpoint
 from .costs import coherence, estimate, fire_share
-from .dense import DenseTrainer
-from .dtree import DTreeTrainer
 from .history import History
-from .kernel import KernelTrainer
-from .lazy import LazyTrainer, default_band
-from .wtree import WTreeTrainer
 
 __all__ = ["METHODS", "TrainingDiverged", "resume", "train"]
 
-TRAINERS: dict[str, type[Trainer]] = {
-    "dense": DenseTrainer,
-    "dtree": DTreeTrainer,
-    "wtree": WTreeTrainer,
-    "lazy": LazyTrainer,
-    "kernel": KernelTrainer,
-}
-METHODS = ("auto", *TRAINERS)
+#: Signals that stop a run with a checkpoint after the current iteration.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss became non-finite or kept growing: the learning rate is too large."""
+    """The loss became non-finite or exploded: the learning rate is too large.
+
+    Attributes
+    ----------
+    lr : float
+        The learning rate of the run that diverged.
+    """
+
+    def __init__(self, message: str, lr: float) -> None:
+        super().__init__(message)
+        self.lr = lr
 
 
 def _check_lr(lr: object) -> float | str:
@@ -60,18 +63,6 @@ def _check_iters(iters: object, name: str = "iters") -> int:
     return int(iters)
 
 
-def auto_lr(trainer: Trainer) -> float:
-    """``1 / λ_max(H(0))``, the NTK matrix of the initial fire sets (see :mod:`._ntk`)."""
-    indptr, idx = trainer.initial_fire_sets()
-    lam = lambda_max(indptr, idx, trainer.G, trainer.a, trainer.ntk())
-    if not lam > 0:
-        raise ValueError(
-            "lr='auto' needs at least one firing pair (no neuron fires on the data at "
-            "initialization); give lr explicitly or lower the threshold b"
-        )
-    return 1.0 / lam
-
-
 def choose_method(
     X: np.ndarray, G: np.ndarray, model: TwoLayerReLU, iters: int
 ) -> tuple[str, dict[str, float]]:
@@ -82,10 +73,12 @@ def choose_method(
     n, d = X.shape
     norms = np.linalg.norm(X, axis=1)
     share = fire_share(norms, model.b)
-    band_share = fire_share(norms, model.b - default_band(n, model.m, d))
+    band_share = fire_share(norms, model.b - _config.BAND)
     coh = coherence(G)
-    costs = {k: estimate(k, n, model.m, d, model.outputs, iters, share, band_share, coh)
-             for k in TRAINERS}
+    costs = {
+        k: estimate(k, n, model.m, d, model.outputs, iters, share, band_share, coh)
+        for k in TRAINERS
+    }
     return min(costs, key=costs.__getitem__), costs
 
 
@@ -101,19 +94,23 @@ def train(
     patience: int = 5,
     checkpoint: str | os.PathLike | None = None,
     checkpoint_every: int = 0,
+    lr_retries: int = 0,
+    run_id: str | None = None,
     **options: Any,
 ) -> History:
-    """Train ``model.W`` by full-batch gradient descent, in place.
+    """Train ``model.W`` by full-batch gradient descent.
 
     ``W(t+1) = W(t) - lr · ∂L/∂W(t)`` with
     ``∂L/∂w_r = (1/sqrt m) · Σ_{i: <w_r, x_i> >= b} (a_r · err_i) · x_i`` and
     ``err_i = f(x_i) - y_i``: the paper's update, only ``W`` trained.  Every
-    method follows the same trajectory up to floating-point rounding.
+    method follows the same trajectory up to floating-point rounding.  The
+    model keeps ``W(0)`` while the trainer runs and receives ``W(T)`` once,
+    at the end; a run that fails or diverges leaves it unchanged.
 
     Parameters
     ----------
     model : TwoLayerReLU
-        Trained in place.
+        Trained in place (written once, after the last iteration).
     X : array_like, shape (n, d)
         Inputs (the paper assumes unit-norm rows; any finite data works).
     y : array_like, shape (n,) or (n, K)
@@ -131,17 +128,23 @@ def train(
         Number of gradient steps ``T``.
     callback : callable, optional
         ``callback(t, history)`` after every iteration; returning ``False``
-        stops training.
+        stops training.  ``history.current_weights()`` gives ``W(t+1)`` there.
     patience : int
         Stop with :class:`TrainingDiverged` when the loss grows this many
-        iterations in a row (or at once when it is not finite).
+        iterations in a row; at once when it is not finite or exceeds
+        :data:`~corrtree._config.DIVERGED_GROWTH` times the initial loss.
     checkpoint : path, optional
         Where to write the full training state (see :func:`resume`): every
         ``checkpoint_every`` iterations (0: never on a schedule) and when
-        SIGINT (Ctrl-C) arrives, after which :class:`KeyboardInterrupt` is
-        raised.  Written atomically.
+        SIGINT (Ctrl-C) or SIGTERM arrives, after which
+        :class:`KeyboardInterrupt` is raised.  Written atomically.
     checkpoint_every : int
         See ``checkpoint``.
+    lr_retries : int
+        With ``lr="auto"``: when the run diverges, halve the learning rate and
+        start again, up to this many times (``History.info["lr_halvings"]``).
+    run_id : str, optional
+        Identifies the run in its checkpoints (default: a new random id).
     **options
         Method options (e.g. ``block`` for ``"dense"``, ``band`` for
         ``"lazy"``/``"kernel"``).
@@ -161,23 +164,46 @@ def train(
     if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
         raise ValueError(f"patience must be an integer >= 1, got {patience!r}")
     checkpoint_every = _check_iters(checkpoint_every, "checkpoint_every")
-    n, d = X.shape
-    t0 = time.perf_counter()
-    info: dict[str, Any] = {}
-    G = X @ X.T
-    if method == "auto":
-        method, info["costs"] = choose_method(X, G, model, iters)
-        info["auto"] = True
-    trainer = TRAINERS[method](model, X, Y, G, **options)
-    trainer.lr = auto_lr(trainer) if lr == "auto" else lr
-    trainer.timer.pop()  # preprocessing is not part of the first iteration
-    hist = History(method=method, lr=trainer.lr, n=n, m=model.m, d=d, outputs=model.outputs,
-                   b=model.b, preprocess_time=time.perf_counter() - t0,
-                   info={**info, **trainer.info, "lr_auto": lr == "auto"})
-    meta = {"iters": iters, "patience": patience, "checkpoint_every": checkpoint_every}
+    lr_retries = _check_iters(lr_retries, "lr_retries")
+    if run_id is not None and not isinstance(run_id, str):
+        raise ValueError(f"run_id must be a string, got {run_id!r}")
+    meta = {
+        "iters": iters,
+        "patience": patience,
+        "checkpoint_every": checkpoint_every,
+        "run_id": run_id or uuid.uuid4().hex,
+    }
     if checkpoint is not None:
         meta["data_digest"] = data_digest(X, Y)
-    return _run(model, trainer, hist, meta, callback, checkpoint)
+        remove_stale_temporaries(checkpoint)
+    rate = lr
+    for halvings in range(lr_retries + 1):
+        t0 = time.perf_counter()
+        info: dict[str, Any] = {}
+        G = X @ X.T
+        chosen = method
+        if method == "auto":
+            chosen, info["costs"] = choose_method(X, G, model, iters)
+            info["auto"] = True
+        trainer = TRAINERS[chosen](model, X, Y, G, rate, **options)
+        hist = History(
+            method=chosen,
+            lr=trainer.lr,
+            n=X.shape[0],
+            m=model.m,
+            d=X.shape[1],
+            outputs=model.outputs,
+            b=model.b,
+            preprocess_time=time.perf_counter() - t0,
+            info={**info, **trainer.info, "lr_auto": lr == "auto", "lr_halvings": halvings},
+        )
+        try:
+            return _run(model, trainer, hist, meta, callback, checkpoint)
+        except TrainingDiverged as exc:
+            if lr != "auto" or halvings == lr_retries:
+                raise
+            rate = exc.lr / 2  # 1/λ_max assumes fire sets that barely change
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def resume(
@@ -188,6 +214,7 @@ def resume(
     *,
     iters: int | None = None,
     checkpoint: str | os.PathLike | None = None,
+    run_id: str | None = None,
 ) -> tuple[TwoLayerReLU, History]:
     """Continue a run from a checkpoint written by :func:`train`.
 
@@ -195,26 +222,30 @@ def resume(
     weights of an uninterrupted one.  ``X`` and ``y`` must be the training
     data of the checkpoint (checked by a SHA-256 digest).  ``iters`` is the
     total number of iterations (default: the checkpointed run's).  Further
-    checkpoints go to ``checkpoint`` (default: ``path``).
+    checkpoints go to ``checkpoint`` (default: ``path``).  With ``run_id``,
+    the checkpoint must belong to that run.
 
     Returns
     -------
     model : TwoLayerReLU
-        The model, trained in place to the end.
+        The model, trained to the end.
     history : History
         The whole history, from iteration 0.
     """
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            outputs = int(np.asarray(data["model_a"]).shape[1])
-            d = int(np.asarray(data["model_W"]).shape[1])
-    except FileNotFoundError:
-        raise
-    except Exception as exc:  # corrupt archives raise many types
-        raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
+    remove_stale_temporaries(path)
+    manifest = read_manifest(path)
+    if run_id is not None and manifest["meta"].get("run_id") != run_id:
+        raise CheckpointError(
+            f"{path} belongs to another run (id "
+            f"{manifest['meta'].get('run_id')!r}, expected {run_id!r})"
+        )
     Xc = as_matrix("X", X)
-    if Xc.shape[1] != d:
+    d = manifest["history"].get("d")
+    if isinstance(d, int) and Xc.shape[1] != d:
         raise ValueError(f"X has {Xc.shape[1]} columns but the checkpointed model has d={d}")
+    outputs = manifest["history"].get("outputs")
+    if not isinstance(outputs, int) or outputs < 1:
+        raise CheckpointError(f"{path}: bad history (outputs {outputs!r})")
     Y = as_targets(y, Xc.shape[0], outputs)
     model, trainer, hist, meta = load_checkpoint(path, Xc, Y, Xc @ Xc.T)
     if iters is not None:
@@ -222,49 +253,75 @@ def resume(
     return model, _run(model, trainer, hist, meta, callback, checkpoint or path)
 
 
-def _run(model, trainer, hist, meta, callback, checkpoint) -> History:
+def _run(
+    model: TwoLayerReLU, trainer: Trainer, hist: History, meta: dict[str, Any], callback, checkpoint
+) -> History:
     """The iterations from ``len(hist)`` to ``meta["iters"]`` (see :func:`train`)."""
-    interrupted = []
+    stop: list[int] = []
 
-    def on_sigint(signum, frame):  # finish the iteration, save, then stop
-        interrupted.append(signum)
+    def on_signal(signum, frame):  # finish the iteration, save, then stop
+        stop.append(signum)
 
     use_signal = checkpoint is not None and threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, on_sigint) if use_signal else None
+    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS} if use_signal else {}
+    hist.weights_source = trainer.weights
     try:
         for t in range(len(hist), meta["iters"]):
-            row = trainer.step()
-            hist.append(**row)
-            _check_divergence(hist, trainer.lr, meta["patience"])
+            hist.append(**trainer.step())
+            check_divergence(hist, trainer.lr, meta["patience"])
             if callback is not None and callback(t, hist) is False:
                 break
             every = meta["checkpoint_every"]
-            if checkpoint is not None and (interrupted or (every and (t + 1) % every == 0)):
+            if checkpoint is not None and (stop or (every and (t + 1) % every == 0)):
                 save_checkpoint(checkpoint, model, trainer, hist, meta)
-            if interrupted:
-                raise KeyboardInterrupt(f"interrupted after iteration {t}; state saved to "
-                                        f"{checkpoint}")
+            if stop:
+                raise KeyboardInterrupt(
+                    f"interrupted after iteration {t}; state saved to {checkpoint}"
+                )
     finally:
-        if use_signal:
-            signal.signal(signal.SIGINT, previous)
+        hist.weights_source = None
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     hist.final_loss = trainer.final_loss()
-    trainer.finish()
+    check_divergence(hist, trainer.lr, meta["patience"])
+    write_weights(model, trainer)
     return hist
 
 
-def _check_divergence(hist: History, lr: float, patience: int) -> None:
-    t = len(hist) - 1
-    loss = hist.loss[t]
+def write_weights(model: TwoLayerReLU, trainer: Trainer) -> None:
+    """The one place a model is written during training: ``W(T)`` from the trainer.
+
+    Block by block (:data:`~corrtree._config.MODEL_BLOCK_BYTES`): the band
+    trainers read ``W(0)`` from the model's own rows, and each block of rows
+    is computed before it is overwritten.
+    """
+    block = _config.block_rows(8 * model.d, model.m, _config.MODEL_BLOCK_BYTES)
+    for s in range(0, model.m, block):
+        model.set_weights(trainer.weights(s, min(s + block, model.m)), start=s)
+
+
+def check_divergence(hist: History, lr: float, patience: int) -> None:
+    """Raise :class:`TrainingDiverged` if the run's losses (the final one included,
+    once known) are not finite, exploded, or grew ``patience`` times in a row."""
+    losses = [*hist.loss, *([hist.final_loss] if not math.isnan(hist.final_loss) else [])]
+    t = len(losses) - 1
+    loss = losses[t]
+    where = f"at iteration {t}" if t < len(hist) else "after the last iteration"
     if not math.isfinite(loss):
-        raise TrainingDiverged(f"loss is {loss} at iteration {t} with lr={lr:.6g}; "
-                               "use a smaller lr")
+        raise TrainingDiverged(f"loss is {loss} {where} with lr={lr:.6g}; use a smaller lr", lr)
+    if loss > _config.DIVERGED_GROWTH * max(losses[0], 1e-300):
+        raise TrainingDiverged(
+            f"loss exploded from {losses[0]:.6g} to {loss:.6g} {where} with lr={lr:.6g}; "
+            "use a smaller lr",
+            lr,
+        )
     # growth below 1e-20 of the initial loss is rounding noise, not divergence
     growing = 0
-    while (growing < t and hist.loss[t - growing] > hist.loss[t - growing - 1]
-           > 1e-20 * hist.loss[0]):
+    while growing < t and losses[t - growing] > losses[t - growing - 1] > 1e-20 * losses[0]:
         growing += 1
     if growing >= patience:
         raise TrainingDiverged(
-            f"loss grew {patience} iterations in a row, to {loss:.6g}, at iteration {t} "
-            f"with lr={lr:.6g}; use a smaller lr"
+            f"loss grew {patience} iterations in a row, to {loss:.6g}, {where} "
+            f"with lr={lr:.6g}; use a smaller lr",
+            lr,
         )

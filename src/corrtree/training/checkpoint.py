@@ -1,18 +1,22 @@
 """Checkpoints: the full state of a training run in one ``.npz`` file, without pickle.
 
-A checkpoint holds the model, the history so far, and every array and
-number of the trainer (anchored products, tracked pairs, heaps, buffers...),
-so a resumed run performs exactly the same floating-point operations as an
-uninterrupted one and ends with bit-for-bit the same weights.  The object
-graph is described by a JSON manifest whose classes come from a fixed list;
-arrays are stored as plain ``.npz`` members and read with
-``allow_pickle=False``.
+A checkpoint holds the model's ``W(0)`` and output weights, the history so
+far, the run's bookkeeping (``meta``: its id, the digest of its data, its
+length) and the trainer's named state (:meth:`Trainer.state`, described by
+the trainer's versioned :attr:`~corrtree.training._base.Trainer.SCHEMA`), so
+a resumed run performs exactly the same floating-point operations as an
+uninterrupted one and ends with bit-for-bit the same weights.  A JSON
+manifest carries the scalars and a BLAKE2 digest of everything, so a damaged
+file is refused before anything is used; the arrays are plain ``.npz``
+members read with ``allow_pickle=False`` and checked against the schema
+before any kernel sees them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import zipfile
 from typing import Any
@@ -21,26 +25,15 @@ import numpy as np
 
 from .._io import atomic_savez
 from ..model import TwoLayerReLU
-from ..trees import CorrelationDTree, CorrelationWTree
-from ._band import BandState, Pool
-from ._base import Timer, Trainer
-from .dense import DenseTrainer
-from .dtree import DTreeTrainer
+from ._base import Trainer
+from ._registry import TRAINERS
+from ._state import CheckpointError
 from .history import History
-from .kernel import KernelTrainer
-from .lazy import LazyTrainer
-from .wtree import WTreeTrainer
 
-__all__ = ["CheckpointError", "data_digest", "load_checkpoint", "save_checkpoint"]
+__all__ = ["FORMAT", "CheckpointError", "data_digest", "load_checkpoint", "save_checkpoint"]
 
-FORMAT = "corrtree.checkpoint/1"
-_CLASSES = {cls.__name__: cls for cls in (
-    DenseTrainer, DTreeTrainer, WTreeTrainer, LazyTrainer, KernelTrainer, BandState, Pool,
-    CorrelationDTree, CorrelationWTree, Timer)}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file is missing pieces, corrupted, or belongs to other data."""
+FORMAT = "corrtree.checkpoint/2"
+_STATE = "state_"  # prefix of the trainer's arrays among the members
 
 
 def data_digest(X: np.ndarray, Y: np.ndarray) -> str:
@@ -53,113 +46,163 @@ def data_digest(X: np.ndarray, Y: np.ndarray) -> str:
     return h.hexdigest()
 
 
-class _Writer:
-    def __init__(self, shared: dict[int, str]) -> None:
-        self.arrays: dict[str, np.ndarray] = {}
-        self.shared = shared
-
-    def value(self, v: Any) -> dict[str, Any]:
-        if id(v) in self.shared:
-            return {"ref": self.shared[id(v)]}
-        if isinstance(v, np.ndarray):
-            name = f"a{len(self.arrays)}"
-            self.arrays[name] = v
-            return {"array": name}
-        if isinstance(v, np.dtype):
-            return {"dtype": v.str}
-        if v is None or isinstance(v, bool | int | float | str):
-            return {"value": v}
-        if isinstance(v, np.generic):
-            return {"value": v.item()}
-        if isinstance(v, tuple):
-            return {"tuple": [self.value(e) for e in v]}
-        if isinstance(v, dict):
-            return {"dict": {str(k): self.value(e) for k, e in v.items()}}
-        if type(v).__name__ in _CLASSES and _CLASSES[type(v).__name__] is type(v):
-            return {"object": type(v).__name__,
-                    "attrs": {k: self.value(e) for k, e in vars(v).items()}}
-        raise TypeError(f"cannot checkpoint a {type(v).__name__}")
+def _digest(manifest: dict[str, Any], arrays: dict[str, np.ndarray]) -> str:
+    """BLAKE2b of the manifest (without its digest) and of every array."""
+    h = hashlib.blake2b(digest_size=32)
+    h.update(
+        json.dumps({k: v for k, v in manifest.items() if k != "digest"}, sort_keys=True).encode()
+    )
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(memoryview(a.reshape(-1).view(np.uint8)))
+    return h.hexdigest()
 
 
-class _Reader:
-    def __init__(self, arrays: Any, shared: dict[str, Any]) -> None:
-        self.arrays = arrays
-        self.shared = shared
-
-    def value(self, spec: dict[str, Any]) -> Any:
-        if "ref" in spec:
-            return self.shared[spec["ref"]]
-        if "array" in spec:
-            return np.array(self.arrays[spec["array"]])  # writable copy
-        if "dtype" in spec:
-            return np.dtype(spec["dtype"])
-        if "value" in spec:
-            return spec["value"]
-        if "tuple" in spec:
-            return tuple(self.value(e) for e in spec["tuple"])
-        if "dict" in spec:
-            return {k: self.value(e) for k, e in spec["dict"].items()}
-        if "object" in spec:
-            cls = _CLASSES.get(spec["object"])
-            if cls is None:
-                raise CheckpointError(f"unknown class {spec['object']!r} in checkpoint")
-            obj = cls.__new__(cls)
-            for k, e in spec["attrs"].items():
-                setattr(obj, k, self.value(e))
-            return obj
-        raise CheckpointError(f"malformed checkpoint entry {spec!r}")
-
-
-def save_checkpoint(path: str | os.PathLike, model: TwoLayerReLU, trainer: Trainer,
-                    history: History, meta: dict[str, Any]) -> None:
+def save_checkpoint(
+    path: str | os.PathLike,
+    model: TwoLayerReLU,
+    trainer: Trainer,
+    history: History,
+    meta: dict[str, Any],
+) -> None:
     """Write the run's state to ``path`` atomically."""
-    shared = {id(model._W): "W", id(model._a): "a", id(trainer.X): "X", id(trainer.Y): "Y",
-              id(trainer.G): "G"}
-    writer = _Writer(shared)
-    attrs = {k: writer.value(v) for k, v in vars(trainer).items()
-             if k not in ("model", "X", "Y", "G", "a")}
-    manifest = {"format": FORMAT, "trainer": type(trainer).__name__, "attrs": attrs,
-                "history": history.as_dict(), "meta": meta, "b": model.b,
-                "squeeze": model._squeeze}
-    atomic_savez(path, manifest=np.array(json.dumps(manifest)), model_W=model._W,
-                 model_a=model._a, **writer.arrays)
+    state, scalars = trainer.state()
+    arrays = {
+        "model_W": model.W,
+        "model_a": model.output_weights,
+        **{_STATE + k: v for k, v in state.items()},
+    }
+    manifest = {
+        "format": FORMAT,
+        "trainer": trainer.name,
+        "schema": trainer.SCHEMA.version,
+        "lr": trainer.lr,
+        "b": model.b,
+        "squeeze": model.a.ndim == 1,
+        "scalars": scalars,
+        "history": history.as_dict(),
+        "meta": meta,
+    }
+    manifest["digest"] = _digest(manifest, arrays)
+    atomic_savez(path, manifest=np.array(json.dumps(manifest)), **arrays)
 
 
-def load_checkpoint(path: str | os.PathLike, X: np.ndarray, Y: np.ndarray, G: np.ndarray
-                    ) -> tuple[TwoLayerReLU, Trainer, History, dict[str, Any]]:
+def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
+    """The manifest of the checkpoint at ``path`` (format checked, nothing else)."""
+    with _open(path) as data:
+        return _manifest(path, data)
+
+
+def load_checkpoint(
+    path: str | os.PathLike, X: np.ndarray, Y: np.ndarray, G: np.ndarray
+) -> tuple[TwoLayerReLU, Trainer, History, dict[str, Any]]:
     """Rebuild ``(model, trainer, history, meta)`` from ``path`` for the data ``X, Y``.
 
     Raises
     ------
     CheckpointError
-        If the file is unreadable, truncated, not a checkpoint, or was written
-        for other data.
+        If the file is unreadable, truncated, altered, not a checkpoint, of an
+        unknown version, or was written for other data.
     """
+    with _open(path) as data:
+        manifest = _manifest(path, data)
+        try:
+            arrays = {k: np.array(data[k]) for k in data.files if k != "manifest"}
+        except (OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:
+            raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
+    if manifest.get("digest") != _digest(manifest, arrays):
+        raise CheckpointError(f"checkpoint {path} is damaged (its digest does not match)")
+    meta = manifest["meta"]
+    if meta.get("data_digest") != data_digest(X, Y):
+        raise CheckpointError(f"{path} was written for different training data")
+    cls = TRAINERS.get(manifest["trainer"])
+    if cls is None:
+        raise CheckpointError(f"{path}: unknown trainer {manifest['trainer']!r}")
+    if manifest["schema"] != cls.SCHEMA.version:
+        raise CheckpointError(
+            f"{path}: state version {manifest['schema']!r} of trainer "
+            f"{cls.name!r} is not {cls.SCHEMA.version} (written by another "
+            "corrtree version)"
+        )
+    model = _model(path, arrays, manifest, X.shape[1], Y.shape[1])
     try:
-        with np.load(path, allow_pickle=False) as data:
-            if "manifest" not in data.files:
-                raise CheckpointError(f"{path} is not a corrtree checkpoint")
-            manifest = json.loads(str(data["manifest"]))
-            if manifest.get("format") != FORMAT:
-                raise CheckpointError(f"{path} is not a corrtree checkpoint")
-            if manifest["meta"]["data_digest"] != data_digest(X, Y):
-                raise CheckpointError(f"{path} was written for different training data")
-            W, a = np.array(data["model_W"]), np.array(data["model_a"])
-            model = TwoLayerReLU(W, a[:, 0] if manifest["squeeze"] else a, manifest["b"])
-            shared = {"W": model._W, "a": model._a, "X": X, "Y": Y, "G": G}
-            cls = _CLASSES.get(manifest["trainer"])
-            if cls is None or not issubclass(cls, Trainer):
-                raise CheckpointError(f"unknown trainer {manifest['trainer']!r}")
-            trainer = cls.__new__(cls)
-            reader = _Reader(data, shared)
-            for k, spec in manifest["attrs"].items():
-                setattr(trainer, k, reader.value(spec))
+        history = History.from_dict(manifest["history"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CheckpointError(f"{path}: bad history ({exc})") from exc
+    state = {k[len(_STATE) :]: v for k, v in arrays.items() if k.startswith(_STATE)}
+    trainer = cls.restore(model, X, Y, G, manifest["lr"], state, manifest["scalars"])
+    return model, trainer, history, meta
+
+
+def _open(path: str | os.PathLike):
+    try:
+        return np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise
-    except CheckpointError:
-        raise
-    except (OSError, EOFError, KeyError, ValueError, TypeError, zipfile.BadZipFile) as exc:
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:
         raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
-    trainer.model, trainer.X, trainer.Y, trainer.G = model, X, Y, G
-    trainer.a = model._a
-    return model, trainer, History.from_dict(manifest["history"]), manifest["meta"]
+
+
+def _manifest(path: str | os.PathLike, data: Any) -> dict[str, Any]:
+    try:
+        manifest = json.loads(str(data["manifest"]))
+    except (KeyError, OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:
+        raise CheckpointError(f"{path} is not a corrtree checkpoint ({exc})") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a corrtree checkpoint of format {FORMAT}")
+    kinds = {
+        "trainer": str,
+        "schema": int,
+        "lr": float,
+        "b": float,
+        "squeeze": bool,
+        "scalars": dict,
+        "history": dict,
+        "meta": dict,
+        "digest": str,
+    }
+    for key, kind in kinds.items():
+        value = manifest.get(key)
+        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        if kind is float:
+            ok = (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+            )
+        if not ok:
+            raise CheckpointError(f"{path}: manifest entry {key!r} must be a {kind.__name__}")
+    if not manifest["lr"] > 0:
+        raise CheckpointError(f"{path}: manifest entry 'lr' must be > 0")
+    return manifest
+
+
+def _model(
+    path: str | os.PathLike,
+    arrays: dict[str, np.ndarray],
+    manifest: dict[str, Any],
+    d: int,
+    outputs: int,
+) -> TwoLayerReLU:
+    W, a = arrays.get("model_W"), arrays.get("model_a")
+    if W is None or a is None:
+        raise CheckpointError(f"{path}: the model's arrays are missing")
+    if W.dtype != np.float64 or a.dtype != np.float64:
+        raise CheckpointError(
+            f"{path}: the model's arrays must be float64, got {W.dtype} and {a.dtype}"
+        )
+    if W.ndim != 2 or W.shape[1] != d:
+        raise CheckpointError(
+            f"{path}: the checkpointed model has weights of shape "
+            f"{W.shape}, not (m, {d}) for this data"
+        )
+    if a.ndim != 2 or a.shape != (W.shape[0], outputs):
+        raise CheckpointError(
+            f"{path}: the checkpointed model has output weights of shape "
+            f"{a.shape}, not ({W.shape[0]}, {outputs}) for these targets"
+        )
+    try:
+        return TwoLayerReLU(W, a[:, 0] if manifest["squeeze"] else a, manifest["b"])
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: bad model ({exc})") from exc

@@ -50,8 +50,17 @@ def coherence(G: np.ndarray, sample: int = 256) -> float:
     return float((C.sum() - np.trace(C)) / (k * (k - 1)))
 
 
-def estimate(method: str, n: int, m: int, d: int, K: int, iters: int, q: float,
-             q_band: float = 0.0, coh: float = 0.0) -> float:
+def estimate(
+    method: str,
+    n: int,
+    m: int,
+    d: int,
+    K: int,
+    iters: int,
+    q: float,
+    q_band: float = 0.0,
+    coh: float = 0.0,
+) -> float:
     """Modelled seconds of ``iters`` iterations of ``method`` (plus its preprocessing).
 
     ``q_band`` is the share of pairs tracked by the lazy and kernel methods
@@ -78,8 +87,12 @@ def estimate(method: str, n: int, m: int, d: int, K: int, iters: int, q: float,
     tracked = max(q_band * n, k)
     expired = min(1.0, 0.05 + 0.5 * coh * k)  # share of other tracked pairs evaluated
     reanchored = min(1.0, (0.1 * coh * k) ** 2)  # share of neurons leaving their band
-    per_neuron = (k * k / 2 + expired * (tracked - k) * k + k * K
-                  + reanchored * (k * n + 2 * n * d * SPARSE_OPS / BLAS_FLOPS))
+    per_neuron = (
+        k * k / 2
+        + expired * (tracked - k) * k
+        + k * K
+        + reanchored * (k * n + 2 * n * d * SPARSE_OPS / BLAS_FLOPS)
+    )
     # float32 GEMM, float64 recomputation of the tracked pairs, trees
     pre = gemm / 2 + m * tracked * d * 4 / BLAS_FLOPS + n * m / STREAM_OPS
     if method == "lazy":

@@ -6,22 +6,27 @@ from typing import Any
 
 import numpy as np
 
+from .. import _config
 from .._validation import available_memory
-from ._base import Trainer
+from ._base import Trainer, previous_fire
 from ._sparse import count_changed, keys_to_csr
+from ._state import Field, Scalar, Schema
 
 __all__ = ["DenseTrainer"]
 
 
 def auto_block(m: int, n: int, d: int, K: int) -> int:
-    """Neurons per block so that a block's buffers take at most ~1/4 of free memory (≤ 6 GiB).
+    """Neurons per block so that a block's buffers take at most
+    :data:`~corrtree._config.DENSE_BLOCK_MEMORY_SHARE` of free memory (capped).
 
     Per neuron a block holds the products, reused for the coefficients (8n
     bytes), the fire mask (n bytes) and the gradient (8d bytes).
     """
-    per_neuron = 9 * n + 8 * d + 8 * K
-    budget = min(6 * 2**30, available_memory() // 4)
-    return int(max(64, min(m, budget // per_neuron)))
+    budget = min(
+        _config.DENSE_BLOCK_MAX_BYTES, int(available_memory() * _config.DENSE_BLOCK_MEMORY_SHARE)
+    )
+    rows = _config.block_rows(9 * n + 8 * d + 8 * K, m, budget)
+    return max(min(m, _config.DENSE_MIN_BLOCK), rows)
 
 
 class DenseTrainer(Trainer):
@@ -38,21 +43,44 @@ class DenseTrainer(Trainer):
     """
 
     name = "dense"
+    SCHEMA = Schema(
+        1,
+        (
+            Field("W", ("f8",), ("m", "d")),
+            Field("prev_indptr", ("i8",), ("m1",), optional=True),
+            Field("prev_idx", ("i8",), ("nnz",), optional=True),
+        ),
+        (Scalar("block", int, 1, "m"),),
+    )
 
-    def __init__(self, model, X, Y, G, block: int | str = "auto") -> None:
-        super().__init__(model, X, Y, G)
-        n, d = X.shape
-        self.W = model._W  # trained in place
-        self.block = auto_block(self.m, n, d, self.a.shape[1]) if block == "auto" else int(block)
-        if self.block < 1:
+    def _prepare(self, W0: np.ndarray, block: int | str = "auto") -> None:
+        n, d = self.X.shape
+        block = auto_block(self.m, n, d, self.a.shape[1]) if block == "auto" else int(block)
+        if block < 1:
             raise ValueError(f"block must be >= 1, got {block}")
-        self.block = min(self.block, self.m)
-        self.info["block"] = self.block
-        self.U = np.empty((self.block, n))  # products, then coefficients
-        self.M = np.empty((self.block, n), dtype=np.bool_)  # fire mask
-        self.grad = np.empty((self.block, d))
-        self.prev_fire: tuple[np.ndarray, np.ndarray] | None = None
+        self._setup(np.array(W0), min(block, self.m), None)  # the trainer's own weights
+
+    def _setup(
+        self, W: np.ndarray, block: int, prev_fire: tuple[np.ndarray, np.ndarray] | None
+    ) -> None:
+        n, d = self.X.shape
+        self.W = W  # trained in place
+        self.block = block
+        self.info["block"] = block
+        self.U = np.empty((block, n))  # products, then coefficients
+        self.M = np.empty((block, n), dtype=np.bool_)  # fire mask
+        self.grad = np.empty((block, d))
+        self.prev_fire = prev_fire
         self._forward()
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        arrays = {"W": self.W}
+        if self.prev_fire is not None:
+            arrays["prev_indptr"], arrays["prev_idx"] = self.prev_fire
+        return arrays, {"block": self.block}
+
+    def _restore(self, W0, arrays, scalars, sizes) -> None:
+        self._setup(arrays["W"], scalars["block"], previous_fire(arrays, self.X.shape[0]))
 
     def _products(self, s: int) -> tuple[np.ndarray, np.ndarray]:
         blk = self.W[s : s + self.block]
@@ -86,7 +114,7 @@ class DenseTrainer(Trainer):
         err, loss = self._loss(self.u)
         indptr, idx = self.fire
         flips = 0 if self.prev_fire is None else count_changed(*self.prev_fire, indptr, idx)
-        c = self.lr * self.scale
+        c = self.eta_s
         single = self.block >= self.m  # the mask of the forward pass is still in self.M
         for s in range(0, self.m, self.block):
             with self.timer("backward"):
@@ -101,13 +129,12 @@ class DenseTrainer(Trainer):
             with self.timer("update"):
                 grad *= c
                 self.W[s : s + self.block] -= grad
-        row = {"loss": loss, "fired_pairs": int(idx.shape[0]),
-               "moved_neurons": int(np.count_nonzero(np.diff(indptr))), "flips": flips,
-               "band_pairs": 0, "reanchored": 0}
         self.prev_fire = self.fire
         self._forward()
-        row.update(self.timer.pop())
-        return row
+        return self._row(loss, idx.shape[0], np.count_nonzero(np.diff(indptr)), flips)
 
     def final_loss(self) -> float:
         return self._loss(self.u)[1]
+
+    def weights(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        return np.array(self.W[start:stop])

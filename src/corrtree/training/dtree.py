@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 
 from ..trees import CorrelationDTree
-from ._base import TreeTrainer
-from ._sparse import count_changed, outputs_from_products, transpose_csr
+from ._base import TreeTrainer, previous_fire, tree_schema
+from ._sparse import outputs_from_products, transpose_csr
 
 __all__ = ["DTreeTrainer"]
 
@@ -27,10 +27,10 @@ class DTreeTrainer(TreeTrainer):
     """
 
     name = "dtree"
+    SCHEMA = tree_schema(("n", "m"), "n1")
 
-    def __init__(self, model, X, Y, G) -> None:
-        super().__init__(model, X, Y, G)
-        self.tree = CorrelationDTree(X, model._W)
+    def _prepare(self, W0: np.ndarray) -> None:
+        self.tree = CorrelationDTree(self.X, W0)
         self.fire_i: tuple[np.ndarray, np.ndarray] | None = None  # S_i of the current W
         self.prev_fire_i: tuple[np.ndarray, np.ndarray] | None = None
 
@@ -46,17 +46,25 @@ class DTreeTrainer(TreeTrainer):
     def _outputs(self) -> np.ndarray:
         indptr, idx = self._query()
         with self.timer("forward"):
-            return outputs_from_products(indptr, idx, self.tree._V, True, self.a, self.b,
-                                         self.scale)
+            return outputs_from_products(
+                indptr, idx, self.tree.products, True, self.a, self.b, self.scale
+            )
 
     def step(self) -> dict[str, Any]:
         u = self._outputs()
         err, loss = self._loss(u)
         indptr, idx = self.fire_i
-        flips = 0 if self.prev_fire_i is None else count_changed(*self.prev_fire_i, indptr, idx)
+        flips = self._flips(self.prev_fire_i, self.fire_i)
         with self.timer("backward"):
             fire_r = transpose_csr(indptr, idx, self.m)
         moved = self._gradient_step(fire_r, err)
         self.prev_fire_i, self.fire_i = self.fire_i, None
-        return {"loss": loss, "fired_pairs": int(idx.shape[0]), "moved_neurons": len(moved),
-                "flips": flips, "band_pairs": 0, "reanchored": 0, **self.timer.pop()}
+        return self._row(loss, idx.shape[0], moved.shape[0], flips)
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        return self._tree_state(self.prev_fire_i)
+
+    def _restore(self, W0, arrays, scalars, sizes) -> None:
+        self.tree = CorrelationDTree.from_products(self.X, arrays["W"], arrays["V"])
+        self.fire_i = None
+        self.prev_fire_i = previous_fire(arrays, self.m)

@@ -6,6 +6,7 @@ import csv
 import io
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +88,19 @@ class History:
     band_pairs: list[int] = field(default_factory=list)
     reanchored: list[int] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    # while training runs: the trainer's W(t) accessor (see current_weights)
+    weights_source: Callable[[], np.ndarray] | None = field(default=None, repr=False, compare=False)
+
+    def current_weights(self) -> np.ndarray:
+        """The weights after the last recorded iteration, as a new ``(m, d)`` array.
+
+        Available while training runs (e.g. in a ``callback`` of
+        :func:`corrtree.train`); the model itself receives the weights only at
+        the end of the run.  O(md) (the lazy and kernel methods materialize them).
+        """
+        if self.weights_source is None:
+            raise RuntimeError("current_weights() is only available while training runs")
+        return self.weights_source()
 
     def __len__(self) -> int:
         return len(self.loss)
@@ -118,8 +132,17 @@ class History:
         """Everything as plain Python values (JSON-ready)."""
         out = {
             k: getattr(self, k)
-            for k in ("method", "lr", "n", "m", "d", "outputs", "b", "preprocess_time",
-                      "final_loss")
+            for k in (
+                "method",
+                "lr",
+                "n",
+                "m",
+                "d",
+                "outputs",
+                "b",
+                "preprocess_time",
+                "final_loss",
+            )
         }
         out.update({k: list(getattr(self, k)) for k in COLUMNS})
         out["info"] = dict(self.info)
@@ -129,8 +152,12 @@ class History:
     def from_dict(cls, data: dict[str, Any]) -> History:
         """Inverse of :meth:`as_dict`."""
         scalars = {k: data[k] for k in ("method", "lr", "n", "m", "d", "outputs", "b")}
-        hist = cls(**scalars, preprocess_time=data.get("preprocess_time", 0.0),
-                   final_loss=data.get("final_loss", math.nan), info=dict(data.get("info", {})))
+        hist = cls(
+            **scalars,
+            preprocess_time=data.get("preprocess_time", 0.0),
+            final_loss=_float(data.get("final_loss")),
+            info=dict(data.get("info", {})),
+        )
         for k in COLUMNS:
             getattr(hist, k).extend(data.get(k, []))
         return hist
@@ -147,3 +174,8 @@ class History:
         for t in range(len(self)):
             writer.writerow((t, *(getattr(self, k)[t] for k in COLUMNS)))
         atomic_write_text(path, buf.getvalue())
+
+
+def _float(value: Any) -> float:
+    """A number read back from JSON, where NaN is written as null."""
+    return math.nan if value is None else float(value)

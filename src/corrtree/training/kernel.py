@@ -1,6 +1,6 @@
 """The kernel-space trainer: exact gradient descent through the NTK recurrence.
 
-Beyond the paper (``DESIGN.md`` §4b).  With ``H(t)`` the NTK matrix of the
+Beyond the paper (``docs/design.md``, "The kernel trainer").  With ``H(t)`` the NTK matrix of the
 current fire sets (``nK × nK``: ``(1/m)·Σ_r a_r a_rᵀ ⊗ (F_r F_rᵀ) ∘ G``) the
 outputs obey exactly
 
@@ -32,214 +32,15 @@ from typing import Any
 import numpy as np
 from numba import njit, prange
 
-from .._validation import available_memory
-from ._band import (
-    BETA,
-    CNT,
-    DRIFT,
-    KEY,
-    MINKEY,
-    NFIRE,
-    SIGMA,
-    START,
-    SUPP,
-    evaluate_neuron,
-    prefetch_block,
-    set_keys,
-    update_sigma,
-)
+from .. import _config
+from ._heap import pop_due, push_all
 from ._ntk import ntk_matrix
-from .lazy import BandTrainer
+from ._pairs import neuron_key, set_keys
+from ._pool import CNT, KEY, NFIRE, START, SUPP
+from ._state import Field, Scalar, Schema, fail
+from .band import BAND_FIELDS, BAND_SCALARS, BandTrainer
 
-__all__ = ["KernelTrainer"]
-
-_SAFE = 1.0 + 1e-12  # rounding margin on computed drifts
-
-
-# ---------------------------------------------------------------------------
-# A binary min-heap of (key, neuron), in flat arrays
-# ---------------------------------------------------------------------------
-
-
-@njit(cache=True)
-def _less(keys, ids, i, j):
-    return keys[i] < keys[j] or (keys[i] == keys[j] and ids[i] < ids[j])
-
-
-@njit(cache=True)
-def heap_push(keys, ids, size, key, r):
-    i = size
-    keys[i] = key
-    ids[i] = r
-    while i > 0:
-        parent = (i - 1) // 2
-        if _less(keys, ids, i, parent):
-            keys[i], keys[parent] = keys[parent], keys[i]
-            ids[i], ids[parent] = ids[parent], ids[i]
-            i = parent
-        else:
-            break
-    return size + 1
-
-
-@njit(cache=True)
-def _sift_down(keys, ids, size, i):
-    while True:
-        left = 2 * i + 1
-        if left >= size:
-            break
-        child = left
-        if left + 1 < size and _less(keys, ids, left + 1, left):
-            child = left + 1
-        if _less(keys, ids, child, i):
-            keys[i], keys[child] = keys[child], keys[i]
-            ids[i], ids[child] = ids[child], ids[i]
-            i = child
-        else:
-            break
-
-
-@njit(cache=True)
-def heapify(keys, ids, size):
-    """Make ``keys[:size]`` a heap in O(size)."""
-    for i in range(size // 2 - 1, -1, -1):
-        _sift_down(keys, ids, size, i)
-
-
-@njit(cache=True)
-def heap_pop(keys, ids, size):
-    """Remove the top; returns the new size (the popped id is ``ids[size - 1]`` before)."""
-    size -= 1
-    keys[0], keys[size] = keys[size], keys[0]
-    ids[0], ids[size] = ids[size], ids[0]
-    _sift_down(keys, ids, size, 0)
-    return size
-
-
-@njit(cache=True)
-def _count_due(keys, size, limit, cap):
-    """``min(cap, number of keys <= limit)``, visiting only those nodes: O(result)."""
-    if size == 0 or keys[0] > limit:
-        return 0
-    stack = np.empty(cap + 2, dtype=np.int64)
-    stack[0] = 0
-    top = 1
-    count = 0
-    while top > 0:
-        top -= 1
-        i = stack[top]
-        count += 1
-        if count >= cap:
-            break
-        for c in (2 * i + 1, 2 * i + 2):
-            if c < size and keys[c] <= limit:
-                stack[top] = c
-                top += 1
-    return count
-
-
-@njit(cache=True)
-def pop_due(keys, ids, size, limit):
-    """Pop every neuron whose key is ``<= limit``; returns (sorted neurons, new size).
-
-    O(k log size) for k due neurons, or O(size) (a filter and a heapify) when
-    k > size/16, whichever is less.
-    """
-    cap = size // 16 + 1
-    if _count_due(keys, size, limit, cap) < cap:
-        k = 0
-        due = np.empty(cap, dtype=np.int64)
-        while size > 0 and keys[0] <= limit:
-            due[k] = ids[0]
-            k += 1
-            size = heap_pop(keys, ids, size)
-    else:
-        due = np.empty(size, dtype=np.int64)
-        k = 0
-        keep = 0
-        for i in range(size):
-            if keys[i] <= limit:
-                due[k] = ids[i]
-                k += 1
-            else:
-                keys[keep] = keys[i]
-                ids[keep] = ids[i]
-                keep += 1
-        size = keep
-        heapify(keys, ids, size)
-    due = due[:k].copy()
-    due.sort()
-    return due, size
-
-
-@njit(cache=True)
-def push_all(keys, ids, size, rows, nf):
-    """Push the neurons of ``rows`` with a finite key: one by one, or appended and
-    heapified (O(size)) when they are more than size/16."""
-    bulk = rows.shape[0] > size // 16
-    for k in range(rows.shape[0]):
-        key = nf[rows[k], KEY]
-        if np.isfinite(key):
-            if bulk:
-                keys[size] = key
-                ids[size] = rows[k]
-                size += 1
-            else:
-                size = heap_push(keys, ids, size, key, rows[k])
-    if bulk:
-        heapify(keys, ids, size)
-    return size
-
-
-# ---------------------------------------------------------------------------
-# Processing the due neurons
-# ---------------------------------------------------------------------------
-
-
-@njit(cache=True)
-def _new_key(r, seg, nf, pool, xnorm, b, R, P, per_p, since_anchor):
-    """Key of neuron ``r``: the ``P`` at which one of its pairs may first change side.
-
-    In drift units the neuron has this much room left: up to the next key of
-    a pair outside its ever-fired prefix (``nf[r, MINKEY] - D_r``), to the
-    nearest ever-fired pair (``|v - b|/||x_j||``, values just computed), and to
-    its band (``(β - ||w_r - w_r(anchor)||·R)/R``).  The drift grows at most
-    ``per_p·σ_r`` per unit of ``P``.
-    """
-    ej, val = pool[0], pool[2]
-    s0 = seg[r, START]
-    slack = min(nf[r, MINKEY] - nf[r, DRIFT], (nf[r, BETA] - since_anchor * R) / R)
-    for q in range(s0, s0 + seg[r, SUPP]):
-        xn = xnorm[ej[q]]
-        if xn > 0:
-            slack = min(slack, abs(val[q] - b) / xn)
-    rate = per_p * nf[r, SIGMA]
-    return P + max(slack, 0.0) / rate if rate > 0 else np.inf
-
-
-@njit(cache=True, parallel=True)
-def process(due, seg, nf, pool, scratch, a, E, G, xnorm, eta_s, b, R, P, per_p, cert,
-            fbuf_ptr, f_j, f_v, f_on, reanchor):
-    """Bring the due neurons up to date at the current time.
-
-    :func:`~._band.evaluate_neuron` evaluates and flips the pairs that may
-    have changed side, writing the flips of ``due[k]`` to
-    ``f_*[fbuf_ptr[k]:]`` (−1 ends the list).  The neuron is flagged for
-    re-anchoring if its band may be exceeded, else it gets a new key.
-    """
-    ej = pool[0]
-    no_err = np.empty((0, a.shape[1]))
-    for k in prange(due.shape[0]):
-        r = due[k]
-        if k + 1 < due.shape[0]:
-            prefetch_block(due[k + 1], seg, ej, G)
-        pos, since_anchor = evaluate_neuron(r, seg, nf, pool, scratch, a, E, no_err, G, xnorm,
-                                            eta_s, b, cert, f_j, f_v, f_on, fbuf_ptr[k])
-        if pos < fbuf_ptr[k + 1]:
-            f_j[pos] = -1
-        reanchor[k] = since_anchor * R >= nf[r, BETA]
-        if not reanchor[k]:
-            nf[r, KEY] = _new_key(r, seg, nf, pool, xnorm, b, R, P, per_p, since_anchor)
+__all__ = ["KEY", "KernelTrainer", "pop_due", "push_all"]
 
 
 @njit(cache=True, inline="always")
@@ -330,112 +131,127 @@ def anchor_keys(rows, seg, nf, pool, xnorm, b, R, P, per_p):
     for k in prange(rows.shape[0]):
         r = rows[k]
         set_keys(r, seg, nf, pool, xnorm, b)
-        nf[r, KEY] = _new_key(r, seg, nf, pool, xnorm, b, R, P, per_p, 0.0)
-
-
-@njit(cache=True)
-def gather_flips(due, fbuf_ptr, f_j, f_v, f_on):
-    """The flips written by :func:`process`, as neuron-grouped arrays."""
-    n = 0
-    for k in range(due.shape[0]):
-        for p in range(fbuf_ptr[k], fbuf_ptr[k + 1]):
-            if f_j[p] < 0:
-                break
-            n += 1
-    fr = np.empty(n, dtype=np.int64)
-    fj = np.empty(n, dtype=np.int64)
-    fv = np.empty(n)
-    fo = np.empty(n, dtype=np.bool_)
-    i = 0
-    for k in range(due.shape[0]):
-        for p in range(fbuf_ptr[k], fbuf_ptr[k + 1]):
-            if f_j[p] < 0:
-                break
-            fr[i] = due[k]
-            fj[i] = f_j[p]
-            fv[i] = f_v[p]
-            fo[i] = f_on[p]
-            i += 1
-    return fr, fj, fv, fo
+        nf[r, KEY] = neuron_key(r, seg, nf, pool, xnorm, b, R, P, per_p, 0.0)
 
 
 class KernelTrainer(BandTrainer):
     """Exact GD whose per-iteration cost grows with neither ``m`` nor ``d`` (module docs;
-    options: :class:`~.lazy.BandTrainer`)."""
+    options: :class:`~.band.BandTrainer`)."""
 
     name = "kernel"
+    SCHEMA = Schema(
+        1,
+        (
+            *BAND_FIELDS,
+            Field("H", ("f8",), ("nK", "nK")),
+            Field("heap_keys", ("f8",), ("heap",)),
+            Field("heap_ids", ("i8",), ("heap",), index="m"),
+        ),
+        (*BAND_SCALARS, Scalar("P", float, 0.0)),
+    )
 
-    def __init__(self, model, X, Y, G, **options: Any) -> None:
-        n, K = X.shape[0], model.outputs
-        need = 8.0 * (n * K) ** 2
-        if need > 0.5 * available_memory():
-            raise MemoryError(f"method='kernel' needs {need / 2**30:.2f} GiB for the "
-                              f"{n * K}×{n * K} NTK matrix; use method='lazy'")
-        super().__init__(model, X, Y, G, **options)
-        st = self.state
-        self.H = ntk_matrix(*st.firing_csr(), G, self.a)
+    def _prepare(self, W0: np.ndarray, **options: Any) -> None:
+        n, K = self.X.shape[0], self.a.shape[1]
+        if not _config.ntk_fits(n, K):
+            raise MemoryError(
+                f"method='kernel' needs {_config.ntk_bytes(n, K) / 2**30:.2f} "
+                f"GiB for the {n * K}×{n * K} NTK matrix; use method='lazy'"
+            )
+        super()._prepare(W0, **options)
+        self.H = ntk_matrix(*self.store.firing_csr(), self.G, self.a)
         self.P = 0.0
+        self._count()
+
+    def _count(self) -> None:
+        st = self.store
         self.fired = st.fired_pairs()
         self.moved = st.moved_neurons()
         self.entries = st.entries()
+
+    @property
+    def per_p(self) -> float:
+        """The drift of a neuron grows at most ``per_p·σ_r`` per unit of ``P``."""
+        return self.eta_s * math.sqrt(self.a.shape[1]) * self.cert * _config.ROUND_UP
+
+    def _start(self) -> None:
+        """Every neuron gets its first key, once the learning rate sets the drift rate."""
+        st = self.store
+        every = np.arange(self.m)
+        anchor_keys(every, st.seg, st.nf, st.pool.arrays, st.xnorm, st.b, st.R, self.P, self.per_p)
         self.heap_keys = np.empty(self.m)
         self.heap_ids = np.empty(self.m, dtype=np.int64)
-        self.heap_size = -1  # filled at the first step, once lr is known
+        self.heap_size = push_all(self.heap_keys, self.heap_ids, 0, every, st.nf)
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        arrays, scalars = super().state()
+        size = self.heap_size
+        arrays.update(H=self.H, heap_keys=self.heap_keys[:size], heap_ids=self.heap_ids[:size])
+        return arrays, {**scalars, "P": self.P}
+
+    def _restore(self, W0, arrays, scalars, sizes) -> None:
+        keys, ids = arrays["heap_keys"], arrays["heap_ids"]
+        if ids.shape[0] > self.m or np.unique(ids).shape[0] != ids.shape[0]:
+            fail("heap_ids", "must hold distinct neurons")
+        parent = (np.arange(1, ids.shape[0]) - 1) // 2
+        if (keys[parent] > keys[1:]).any():
+            fail("heap_keys", "not a heap")
+        super()._restore(W0, arrays, scalars, sizes)
+        self.H = arrays["H"]
+        self.P = scalars["P"]
+        self.heap_size = ids.shape[0]
+        self.heap_keys = np.empty(self.m)
+        self.heap_ids = np.empty(self.m, dtype=np.int64)
+        self.heap_keys[: self.heap_size] = keys
+        self.heap_ids[: self.heap_size] = ids
+        self._count()
 
     def ntk(self) -> np.ndarray:
         return self.H
 
-    def _per_p(self) -> float:
-        return self.lr * self.scale * math.sqrt(self.a.shape[1]) * self.cert * _SAFE
-
     def step(self) -> dict[str, Any]:
-        st = self.state
-        st.eta_s = self.lr * self.scale
-        if self.heap_size < 0:
-            every = np.arange(self.m)
-            anchor_keys(every, st.seg, st.nf, st.pool.arrays, st.xnorm, st.b, st.R, self.P,
-                        self._per_p())
-            self.heap_size = push_all(self.heap_keys, self.heap_ids, 0, every, st.nf)
+        st = self.store
         err, loss = self._loss(self.u)
-        row = {"loss": loss, "fired_pairs": self.fired, "moved_neurons": self.moved,
-               "flips": self.flips, "band_pairs": self.entries}
+        stats = (loss, self.fired, self.moved, self.flips, self.entries)
         with self.timer("forward"):
             self.u -= self.lr * (self.H @ err.ravel()).reshape(self.u.shape)
             st.E += err
-            self.P += float(np.sqrt(np.einsum("ik,ik->", err, err))) * _SAFE
+            self.P += float(np.sqrt(np.einsum("ik,ik->", err, err))) * _config.ROUND_UP
         with self.timer("query"):
-            due, self.heap_size = pop_due(self.heap_keys, self.heap_ids, self.heap_size,
-                                          self.P)
-            fbuf = np.zeros(due.shape[0] + 1, dtype=np.int64)
-            np.cumsum(st.seg[due, CNT], out=fbuf[1:])
-            f_j = np.empty(fbuf[-1], dtype=np.int64)
-            f_v = np.empty(fbuf[-1])
-            f_on = np.empty(fbuf[-1], dtype=np.bool_)
-            again = np.zeros(due.shape[0], dtype=np.bool_)
-            process(due, st.seg, st.nf, st.pool.arrays, self._scratch(), self.a, st.E, self.G,
-                    st.xnorm, st.eta_s, st.b, st.R, self.P, self._per_p(), self.cert, fbuf,
-                    f_j, f_v, f_on, again)
+            due, self.heap_size = pop_due(self.heap_keys, self.heap_ids, self.heap_size, self.P)
+            _, again, flips = self._evaluate(
+                due, np.empty((0, self.a.shape[1])), True, self.P, self.per_p
+            )
         with self.timer("update"):
-            self.flips = self._apply(gather_flips(due, fbuf, f_j, f_v, f_on))
+            self.flips = self._apply(flips)
             rows = due[again]
             if rows.shape[0]:
                 before = int(st.seg[rows, CNT].sum())
-                self.flips += self._apply(st.reanchor(rows))
-                update_sigma(rows, st.seg, st.nf, st.pool.arrays, self.G)
-                anchor_keys(rows, st.seg, st.nf, st.pool.arrays, st.xnorm, st.b, st.R, self.P,
-                            self._per_p())
+                self.flips += self._apply(self._reanchor(rows))
+                anchor_keys(
+                    rows, st.seg, st.nf, st.pool.arrays, st.xnorm, st.b, st.R, self.P, self.per_p
+                )
                 self.entries += int(st.seg[rows, CNT].sum()) - before
             self.heap_size = push_all(self.heap_keys, self.heap_ids, self.heap_size, due, st.nf)
-        row["reanchored"] = int(rows.shape[0])
-        row.update(self.timer.pop())
-        return row
+        return self._row(*stats, reanchored=rows.shape[0])
 
     def _apply(self, flips: tuple[np.ndarray, ...]) -> int:
         """Add flips to ``u`` and ``H`` and to the counts; returns their number."""
         fr, fj, fv, fon = flips
-        d_fired, d_moved = apply_flips(fr, fj, fv, fon, self.state.seg, self.state.pool.arrays,
-                                       self.u, self.H, self.a, self.G, self.b, self.scale,
-                                       float(self.m))
+        d_fired, d_moved = apply_flips(
+            fr,
+            fj,
+            fv,
+            fon,
+            self.store.seg,
+            self.store.pool.arrays,
+            self.u,
+            self.H,
+            self.a,
+            self.G,
+            self.b,
+            self.scale,
+            float(self.m),
+        )
         self.fired += d_fired
         self.moved += d_moved
         return int(fr.shape[0])

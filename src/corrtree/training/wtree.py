@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 
 from ..trees import CorrelationWTree
-from ._base import TreeTrainer
-from ._sparse import count_changed, outputs_from_products, transpose_csr
+from ._base import TreeTrainer, previous_fire, tree_schema
+from ._sparse import outputs_from_products, transpose_csr
 
 __all__ = ["WTreeTrainer"]
 
@@ -29,13 +29,13 @@ class WTreeTrainer(TreeTrainer):
     """
 
     name = "wtree"
+    SCHEMA = tree_schema(("m", "n"), "m1")
 
-    def __init__(self, model, X, Y, G) -> None:
-        super().__init__(model, X, Y, G)
-        self.tree = CorrelationWTree(X, model._W)
+    def _prepare(self, W0: np.ndarray) -> None:
+        self.tree = CorrelationWTree(self.X, W0)
         with self.timer("query"):
             self.fire_r = self.tree.query_all(self.b)  # S̃_r
-            self.fire_i = transpose_csr(*self.fire_r, X.shape[0])  # S_i
+            self.fire_i = transpose_csr(*self.fire_r, self.X.shape[0])  # S_i
         self.prev_fire_r: tuple[np.ndarray, np.ndarray] | None = None
 
     def initial_fire_sets(self) -> tuple[np.ndarray, np.ndarray]:
@@ -43,17 +43,26 @@ class WTreeTrainer(TreeTrainer):
 
     def _outputs(self) -> np.ndarray:
         with self.timer("forward"):
-            return outputs_from_products(*self.fire_i, self.tree._V, False, self.a, self.b,
-                                         self.scale)
+            return outputs_from_products(
+                *self.fire_i, self.tree.products, False, self.a, self.b, self.scale
+            )
 
     def step(self) -> dict[str, Any]:
         err, loss = self._loss(self._outputs())
-        indptr, idx = self.fire_r
-        flips = 0 if self.prev_fire_r is None else count_changed(*self.prev_fire_r, indptr, idx)
+        idx = self.fire_r[1]
+        flips = self._flips(self.prev_fire_r, self.fire_r)
         moved = self._gradient_step(self.fire_r, err)
         with self.timer("query"):
             self.prev_fire_r = self.fire_r
             self.fire_r = self.tree.query_all(self.b)
             self.fire_i = transpose_csr(*self.fire_r, self.X.shape[0])
-        return {"loss": loss, "fired_pairs": int(idx.shape[0]), "moved_neurons": len(moved),
-                "flips": flips, "band_pairs": 0, "reanchored": 0, **self.timer.pop()}
+        return self._row(loss, idx.shape[0], moved.shape[0], flips)
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        return self._tree_state(self.prev_fire_r)
+
+    def _restore(self, W0, arrays, scalars, sizes) -> None:
+        self.tree = CorrelationWTree.from_products(self.X, arrays["W"], arrays["V"])
+        self.fire_r = self.tree.query_all(self.b)
+        self.fire_i = transpose_csr(*self.fire_r, self.X.shape[0])
+        self.prev_fire_r = previous_fire(arrays, self.X.shape[0])

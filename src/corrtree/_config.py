@@ -1,0 +1,122 @@
+"""Tuning constants of corrtree, each with the reason for its value.
+
+Everything here is private: a value changes speed or memory, never a result
+(the rounding margins only make certificates safe; any larger margin is
+also exact, only slower).  See ``docs/design.md`` for the bounds they guard.
+"""
+
+from __future__ import annotations
+
+from ._validation import available_memory
+
+# -- rounding margins (certificates stay upper bounds under float64 rounding) -------
+
+#: Relative enlargement of every computed norm or drift bound: a handful of
+#: float64 operations err by at most ~10·2^-53 ≈ 1e-15 relative.
+ROUND_UP = 1.0 + 1e-12
+
+#: Absolute allowance on a computed quadratic form ``cᵀGc`` of ``p`` terms, in
+#: units of ``(Σ|c|)²·max G``: its rounding is at most ~p·2^-53 of that, far below
+#: 1e-13 for any pool segment that fits in memory.
+QUAD_FORM_SLACK = 1e-13
+
+#: Unit roundoff of float32.
+U32 = 2.0**-24
+
+#: Relative widening of a tree query threshold when leaves are float32: covers
+#: the rounding of the leaves (2^-24) and of the threshold arithmetic, twice.
+FLOAT32_QUERY_MARGIN = 4.0 * U32
+
+#: Safety factor on the float32 GEMM error bound ``γ_{d+2}·||w||·||x||``
+#: (the bound is already worst case; the factor absorbs the float32 conversion).
+GEMM32_SAFETY = 2.0
+
+# -- memory: blocks of work (big enough for BLAS to run at full speed) --------------
+
+#: Products computed at once while preprocessing the band trainers.
+ANCHOR_BLOCK_BYTES = 128 * 2**20
+#: Exact rows recomputed at once when neurons are re-anchored.
+REANCHOR_BLOCK_BYTES = 64 * 2**20
+#: New products computed at once by a correlation tree update.
+TREE_UPDATE_BLOCK_BYTES = 256 * 2**20
+#: Products computed at once by ``predict``/``loss``/``fire_counts`` and when a
+#: model takes its trained weights back.
+MODEL_BLOCK_BYTES = 256 * 2**20
+
+#: Dense GD keeps one block of products, mask and gradient: at most this share of
+#: free memory, capped (beyond ~6 GiB a larger block buys no BLAS speed), and at
+#: least this many neurons (smaller blocks make the GEMMs inefficient).
+DENSE_BLOCK_MEMORY_SHARE = 0.25
+DENSE_BLOCK_MAX_BYTES = 6 * 2**30
+DENSE_MIN_BLOCK = 64
+
+#: Anchored rows are stored in float64 only when they take at most this share of
+#: free memory: they share it with W, the tracked pairs and the preprocessing blocks.
+FLOAT64_ANCHOR_MEMORY_SHARE = 0.25
+
+#: The kernel trainer's dense NTK matrix may take at most this share of free memory.
+NTK_MEMORY_SHARE = 0.5
+
+# -- growth of the pool of tracked pairs --------------------------------------------
+
+#: Initial entries per neuron before the first block tells the real count.
+POOL_ENTRIES_PER_NEURON = 8
+#: Capacity multiplier when the pool is full (amortized O(1) appends, and less
+#: transient memory than doubling).
+POOL_GROWTH = 1.5
+#: The pool is sized from the first preprocessing block with this margin.
+POOL_FIRST_BLOCK_MARGIN = 1.3
+#: A neuron's segment gets ``count + count // SEGMENT_SLACK_DIV + SEGMENT_SLACK_ADD``
+#: places, so that a few flips into its band do not move it.
+SEGMENT_SLACK_DIV = 4
+SEGMENT_SLACK_ADD = 4
+
+# -- band trainers -------------------------------------------------------------------
+
+#: Half-width β of the tracked band at an anchor, in units of ``||w||·||x||`` drift:
+#: wide enough that re-anchoring (O(n·k̃) per neuron) is rare, narrow enough that
+#: the band holds a few times the firing pairs for unit-norm data.
+BAND = 0.5
+
+#: Neurons are summed in this many fixed chunks by the forward pass, so that the
+#: outputs do not depend on thread scheduling.
+FORWARD_CHUNKS = 64
+
+#: The kernel trainer's heap switches from one-by-one to bulk pops and pushes
+#: (an O(size) filter and heapify) when more than ``size // HEAP_BULK_DIV``
+#: neurons are due: beyond that, k·log(size) exceeds size.
+HEAP_BULK_DIV = 16
+
+# -- learning rate ---------------------------------------------------------------------
+
+#: Up to this order the NTK matrix is formed and LAPACK gives λ_max; beyond,
+#: Lanczos runs on the sparse mat-vec.
+NTK_DENSE_EIG_LIMIT = 2048
+
+#: Halvings of ``lr="auto"`` tried by the estimators and the CLI when a run
+#: diverges (``1/λ_max`` assumes fire sets that barely change).
+LR_RETRIES = 4
+
+
+def block_rows(row_bytes: float, total: int, budget: int) -> int:
+    """Rows per block so that a block of rows of ``row_bytes`` takes at most ``budget``."""
+    return int(max(1, min(total, budget // max(1, int(row_bytes)))))
+
+
+def ntk_bytes(n: int, outputs: int) -> float:
+    """Bytes of the kernel trainer's ``nK × nK`` float64 NTK matrix."""
+    return 8.0 * (n * outputs) ** 2
+
+
+def ntk_fits(n: int, outputs: int) -> bool:
+    """Whether the kernel trainer's NTK matrix fits in its share of free memory."""
+    return ntk_bytes(n, outputs) <= NTK_MEMORY_SHARE * available_memory()
+
+
+#: A run whose loss exceeds this many times its initial loss has diverged, however
+#: short it is (a stable step never raises the loss by orders of magnitude).
+DIVERGED_GROWTH = 1e4
+
+#: Inputs larger than this in absolute value are refused: a product with weights of
+#: size ~10 over d ≤ 1e6 terms stays far below the float64 limit (1.8e308).
+MAX_ABS_INPUT = 1e150

@@ -1,0 +1,406 @@
+"""Per-pair kernels of the band trainers: coefficients, Gram-identity values,
+drift bounds, flips, keys, outputs and implicit weights.
+
+Implicit weights (``docs/design.md``, "Implicit weights")
+    ``W(t) = W(0) - C(t) X`` with ``C[r, l](t) = η/sqrt(m) · Σ_{τ<t} F_rl(τ)·(a_r·err_l(τ))``.
+    While a pair fires, ``C[r, l](t) = κ_rl + η/sqrt(m) · a_r·E_l(t)`` with
+    ``E(t) = Σ_{τ<t} err(τ)``; when it stops firing its ``C`` is frozen into
+    ``κ_rl``.  Only pairs that ever fired have ``C ≠ 0``.
+
+Gram identity
+    For an entry of neuron ``r`` anchored at ``t_a``:
+    ``U[r, j](t) = U[r, j](t_a) - Σ_l (C_rl(t) - C_rl(t_a))·G[l, j]``, ``G = X Xᵀ``:
+    O(#pairs that ever fired) per value, no ``d``.
+
+Invariants every kernel here keeps: the ever-fired prefix of a segment holds
+every firing entry and never reorders; ``seg[r, NFIRE]`` counts the entries
+with ``fire``; ``C`` is continuous across flips (:func:`flip`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from .. import _config
+from .._prefetch import prefetch2d
+from ._pool import BETA, CNT, DRIFT, MINKEY, NFIRE, SIGMA, START, SUPP
+
+__all__ = [
+    "coef",
+    "dot_row",
+    "eval_ever",
+    "evaluate_neuron",
+    "firing_csr",
+    "flip",
+    "forward",
+    "gram_sum",
+    "materialize",
+    "needs_reanchor",
+    "neuron_key",
+    "prefetch_block",
+    "refresh_keys",
+    "safe_norm",
+    "set_keys",
+    "sigma",
+    "update_sigma",
+]
+
+_ROUND_UP = _config.ROUND_UP
+_QUAD_SLACK = _config.QUAD_FORM_SLACK
+_CHUNKS = _config.FORWARD_CHUNKS
+
+
+@njit(cache=True, inline="always")
+def dot_row(a, r, E, j):
+    """``<a_r, E_j>`` over the K outputs."""
+    s = 0.0
+    for k in range(a.shape[1]):
+        s += a[r, k] * E[j, k]
+    return s
+
+
+@njit(cache=True, inline="always")
+def coef(q, r, pool, a, E, eta_s):
+    """The coefficient ``C_rl`` of entry ``q`` now (see the module docstring)."""
+    c = pool.kappa[q]
+    if pool.fire[q]:
+        c += eta_s * dot_row(a, r, E, pool.j[q])
+    return c
+
+
+@njit(cache=True, inline="always")
+def gram_sum(G, j, ej, dc, s0, ns):
+    """``Σ_{p<ns} dc[s0+p] · G[j, ej[s0+p]]`` with four accumulators (fixed order)."""
+    a0 = a1 = a2 = a3 = 0.0
+    p = 0
+    while p + 4 <= ns:
+        q = s0 + p
+        a0 += dc[q] * G[j, ej[q]]
+        a1 += dc[q + 1] * G[j, ej[q + 1]]
+        a2 += dc[q + 2] * G[j, ej[q + 2]]
+        a3 += dc[q + 3] * G[j, ej[q + 3]]
+        p += 4
+    while p < ns:
+        a0 += dc[s0 + p] * G[j, ej[s0 + p]]
+        p += 1
+    return (a0 + a1) + (a2 + a3)
+
+
+@njit(cache=True)
+def sigma(r, seg, pool, G):
+    """``sqrt`` of a Gershgorin bound on ``λ_max(G[S, S])``, ``S`` the points ``r`` fires on.
+
+    For any coefficients ``c`` on ``S``: ``||Σ_l c_l x_l|| <= sigma · ||c||``.
+    O(|prefix|²).
+    """
+    ej, fire = pool.j, pool.fire
+    s0 = seg[r, START]
+    ns = seg[r, SUPP]
+    best = 0.0
+    for p in range(ns):
+        if fire[s0 + p]:
+            jp = ej[s0 + p]
+            row = 0.0
+            for q in range(ns):
+                if fire[s0 + q]:
+                    row += abs(G[jp, ej[s0 + q]])
+            best = max(best, row)
+    return math.sqrt(best)
+
+
+@njit(cache=True, parallel=True)
+def update_sigma(rows, seg, nf, pool, G):
+    """:func:`sigma` of every neuron of ``rows`` into ``nf[:, SIGMA]``."""
+    for k in prange(rows.shape[0]):
+        nf[rows[k], SIGMA] = sigma(rows[k], seg, pool, G)
+
+
+@njit(cache=True)
+def prefetch_block(r, seg, ej, G):
+    """Ask for the ``G[P, P]`` entries (upper triangle) of neuron ``r`` ahead of use."""
+    t0 = seg[r, START]
+    t1 = t0 + seg[r, SUPP]
+    for q in range(t0, t1):
+        for q2 in range(q, t1):
+            prefetch2d(G, ej[q], ej[q2])
+
+
+@njit(cache=True, inline="always")
+def safe_norm(sq, l1, gmax):
+    """``sqrt`` of a computed quadratic form ``cᵀ G c``, enlarged to cover its rounding."""
+    return math.sqrt(max(sq, 0.0) + _QUAD_SLACK * l1 * l1 * gmax) * _ROUND_UP
+
+
+@njit(cache=True, inline="always")
+def needs_reanchor(r, nf, since_anchor, R):
+    """Whether neuron ``r``'s untracked pairs may have reached ``b``: its distance
+    from its anchor times ``R = max ||x_j||`` reached its band ``β``."""
+    return since_anchor * R >= nf[r, BETA]
+
+
+@njit(cache=True)
+def eval_ever(r, seg, pool, scratch, a, E, G, eta_s, want_step):
+    """Exact current values of the ever-fired pairs ``P`` of neuron ``r``.
+
+    With ``C`` their coefficients now, ``dc = C - cref`` (since the anchor,
+    kept in ``scratch[0]``): ``val[P] = uref[P] - G[P, P] dc``, reading each
+    ``G[p, q]`` once (``|P|(|P|+1)/2`` reads).  Returns bounds on
+    ``||w_r(t) - w_r(anchor)||`` and, if ``want_step``, on
+    ``||w_r(t) - w_r(last evaluation)||`` (from ``dl = C - clast``; ``clast``
+    becomes ``C``), else 0: the quadratic forms plus their rounding.
+    """
+    ej, uref, val, cref, clast = pool.j, pool.uref, pool.val, pool.cref, pool.clast
+    dc, dl = scratch[0], scratch[1]
+    s0 = seg[r, START]
+    end = s0 + seg[r, SUPP]
+    l1_a = 0.0
+    l1_s = 0.0
+    for q in range(s0, end):
+        c = coef(q, r, pool, a, E, eta_s)
+        dc[q] = c - cref[q]
+        val[q] = uref[q]
+        l1_a += abs(dc[q])
+        if want_step:
+            dl[q] = c - clast[q]
+            clast[q] = c
+            l1_s += abs(dl[q])
+    sq_s = 0.0
+    gmax = 0.0
+    for q in range(s0, end):
+        jp = ej[q]
+        dp = dc[q]
+        g = G[jp, jp]
+        gmax = max(gmax, g)
+        ap = g * dp
+        if want_step:
+            lp = dl[q]
+            sq_s += g * lp * lp
+            for q2 in range(q + 1, end):
+                g = G[jp, ej[q2]]
+                ap += g * dc[q2]
+                val[q2] -= g * dp
+                sq_s += 2.0 * g * lp * dl[q2]
+        else:
+            for q2 in range(q + 1, end):
+                g = G[jp, ej[q2]]
+                ap += g * dc[q2]
+                val[q2] -= g * dp
+        val[q] -= ap
+    sq_a = 0.0  # dcᵀ G dc = Σ_p dc_p (uref_p - val_p)
+    for q in range(s0, end):
+        sq_a += dc[q] * (uref[q] - val[q])
+    step = safe_norm(sq_s, l1_s, gmax) if want_step else 0.0
+    return safe_norm(sq_a, l1_a, gmax), step
+
+
+@njit(cache=True)
+def flip(r, q, seg, pool, a, E, eta_s, on):
+    """Switch entry ``q`` of neuron ``r`` on or off, keeping ``C`` continuous.
+
+    Turning on: the entry joins the ever-fired prefix if it is not there (a
+    swap with the first entry after the prefix).  Returns the entry's position.
+    """
+    ej, kappa, fire, clast = pool.j, pool.kappa, pool.fire, pool.clast
+    drive = eta_s * dot_row(a, r, E, ej[q])
+    if on:
+        clast[q] = kappa[q]  # its (frozen) coefficient now
+        kappa[q] -= drive
+        fire[q] = True
+        seg[r, NFIRE] += 1
+        dest = seg[r, START] + seg[r, SUPP]
+        if q >= dest:  # not yet ever-fired: swap into the prefix
+            if q != dest:
+                for arr in (pool.uref, pool.val, pool.key, kappa, pool.cref, clast):
+                    arr[q], arr[dest] = arr[dest], arr[q]
+                ej[q], ej[dest] = ej[dest], ej[q]
+                fire[q], fire[dest] = fire[dest], fire[q]
+            seg[r, SUPP] += 1
+            return dest
+        return q
+    kappa[q] += drive
+    fire[q] = False
+    seg[r, NFIRE] -= 1
+    return q
+
+
+@njit(cache=True)
+def evaluate_neuron(
+    r, seg, nf, pool, scratch, a, E, err, G, xnorm, eta_s, b, cert, f_j, f_v, f_on, fpos
+):
+    """Evaluate the pairs of neuron ``r`` that may have changed side, and flip them.
+
+    The drift ``D_r = nf[r, DRIFT]`` grows by (``cert`` times) a bound on the
+    distance ``w_r`` moved since its last evaluation: the exact one from
+    :func:`eval_ever`, or, when ``err`` (the error of the step just taken,
+    the neuron's last evaluation being just before it) is non-empty, the
+    cheaper ``(η/sqrt m)·σ_r·||(a_r·err_l)_{l fires}||``.  For a pair last
+    evaluated at drift ``D`` with value ``v``, ``|U - v| <= (D_r - D)·||x_j||``.
+    A pair outside the ever-fired prefix is evaluated only once ``D_r``
+    reaches its key ``D + |v - b|/||x_j||`` (keys and their minimum
+    ``nf[r, MINKEY]`` are refreshed); the ever-fired pairs, which hold every
+    firing pair, are always evaluated.  Flips are applied to the pool and, if
+    ``f_j`` is non-empty, recorded from ``fpos`` on as ``(j, value, on)``, and
+    ``σ_r`` is recomputed.  Returns ``(fpos + #flips, bound on
+    ||w_r - w_r(anchor)||)``.
+    """
+    ej, uref, val, key, fire = pool.j, pool.uref, pool.val, pool.key, pool.fire
+    record = f_j.shape[0] > 0
+    first = fpos
+    s0 = seg[r, START]
+    ns = seg[r, SUPP]
+    end = s0 + seg[r, CNT]
+    bound_step = err.shape[0] > 0
+    step = 0.0
+    if bound_step:  # fire flags are still those of the step
+        sq = 0.0
+        for q in range(s0, s0 + ns):
+            if fire[q]:
+                e = dot_row(a, r, err, ej[q])
+                sq += e * e
+        step = eta_s * nf[r, SIGMA] * math.sqrt(sq) * _ROUND_UP
+    since_anchor, exact_step = eval_ever(r, seg, pool, scratch, a, E, G, eta_s, not bound_step)
+    if not bound_step:
+        step = exact_step
+    drift = nf[r, DRIFT] + cert * step
+    nf[r, DRIFT] = drift
+    for q in range(s0, s0 + ns):  # ever-fired pairs never move in the pool
+        now = val[q] >= b
+        if now != fire[q]:
+            if record:
+                f_j[fpos], f_v[fpos], f_on[fpos] = ej[q], val[q], now
+            fpos += 1
+            flip(r, q, seg, pool, a, E, eta_s, now)
+    if drift >= nf[r, MINKEY]:  # some other tracked pair may have crossed
+        best = np.inf
+        dc = scratch[0]
+        for q in range(s0 + ns, end):  # increasing order: see flip
+            if key[q] <= drift:
+                # positions below s0 + ns keep their pairs even after flips
+                val[q] = uref[q] - gram_sum(G, ej[q], ej, dc, s0, ns)
+                if val[q] >= b:
+                    if record:
+                        f_j[fpos], f_v[fpos], f_on[fpos] = ej[q], val[q], True
+                    fpos += 1
+                    flip(r, q, seg, pool, a, E, eta_s, True)
+                    continue
+                xn = xnorm[ej[q]]
+                key[q] = drift + (b - val[q]) / xn if xn > 0 else np.inf
+            best = min(best, key[q])
+        nf[r, MINKEY] = best
+    if fpos > first:  # the fire set changed
+        nf[r, SIGMA] = sigma(r, seg, pool, G)
+    return fpos, since_anchor
+
+
+@njit(cache=True)
+def set_keys(r, seg, nf, pool, xnorm, b):
+    """Keys of the tracked pairs of ``r`` outside its ever-fired prefix, and their
+    minimum, from current values (the drift is ``nf[r, DRIFT]``)."""
+    ej, val, key = pool.j, pool.val, pool.key
+    s0 = seg[r, START]
+    drift = nf[r, DRIFT]
+    best = np.inf
+    for q in range(s0 + seg[r, SUPP], s0 + seg[r, CNT]):
+        xn = xnorm[ej[q]]
+        key[q] = drift + (b - val[q]) / xn if xn > 0 else np.inf
+        best = min(best, key[q])
+    nf[r, MINKEY] = best
+
+
+@njit(cache=True, parallel=True)
+def refresh_keys(rows, seg, nf, pool, xnorm, b):
+    """:func:`set_keys` for every neuron of ``rows``."""
+    for k in prange(rows.shape[0]):
+        set_keys(rows[k], seg, nf, pool, xnorm, b)
+
+
+@njit(cache=True)
+def neuron_key(r, seg, nf, pool, xnorm, b, R, P, per_p, since_anchor):
+    """Kernel trainer: the value of ``P`` at which a pair of ``r`` may first change side.
+
+    In drift units the neuron has this much room left: up to the next key of
+    a pair outside its ever-fired prefix (``nf[r, MINKEY] - D_r``), to the
+    nearest ever-fired pair (``|v - b|/||x_j||``, values just computed), and to
+    its band (``(β - ||w_r - w_r(anchor)||·R)/R``).  The drift grows at most
+    ``per_p·σ_r`` per unit of ``P``.
+    """
+    ej, val = pool.j, pool.val
+    s0 = seg[r, START]
+    slack = min(nf[r, MINKEY] - nf[r, DRIFT], (nf[r, BETA] - since_anchor * R) / R)
+    for q in range(s0, s0 + seg[r, SUPP]):
+        xn = xnorm[ej[q]]
+        if xn > 0:
+            slack = min(slack, abs(val[q] - b) / xn)
+    rate = per_p * nf[r, SIGMA]
+    return P + max(slack, 0.0) / rate if rate > 0 else np.inf
+
+
+@njit(cache=True, parallel=True)
+def forward(neurons, seg, pool, a, b, scale, n):
+    """``u = scale · Σ_r a_r (U_rj - b)`` over the firing pairs of ``neurons``.
+
+    Summed in a fixed number of chunks so the result does not depend on
+    thread scheduling.  O(Σ_r |prefix_r|·K).
+    """
+    ej, val, fire = pool.j, pool.val, pool.fire
+    K = a.shape[1]
+    parts = np.zeros((_CHUNKS, n, K))
+    size = (neurons.shape[0] + _CHUNKS - 1) // _CHUNKS
+    for c in prange(_CHUNKS):
+        for k in range(c * size, min((c + 1) * size, neurons.shape[0])):
+            r = neurons[k]
+            s0 = seg[r, START]
+            for p in range(seg[r, SUPP]):
+                q = s0 + p
+                if fire[q]:
+                    z = val[q] - b
+                    for kk in range(K):
+                        parts[c, ej[q], kk] += a[r, kk] * z
+    u = np.zeros((n, K))
+    for c in range(_CHUNKS):
+        u += parts[c]
+    return u * scale
+
+
+@njit(cache=True, parallel=True)
+def materialize(out, start, X, seg, pool, a, E, eta_s):
+    """``out[k] -= Σ_l C_{r,l} x_l`` for ``r = start + k`` over the ever-fired pairs.
+
+    ``out`` holds ``W(0)[start : start + len(out)]`` on entry and ``W(t)`` of
+    those rows on return.  O(d · Σ_r |prefix_r|).
+    """
+    ej = pool.j
+    d = X.shape[1]
+    for k in prange(out.shape[0]):
+        r = start + k
+        s0 = seg[r, START]
+        for p in range(seg[r, SUPP]):
+            q = s0 + p
+            c = coef(q, r, pool, a, E, eta_s)
+            if c != 0.0:
+                j = ej[q]
+                for i in range(d):
+                    out[k, i] -= c * X[j, i]
+
+
+@njit(cache=True)
+def firing_csr(seg, pool, n):
+    """r-major CSR of the current fire sets, indices sorted."""
+    ej, fire = pool.j, pool.fire
+    m = seg.shape[0]
+    indptr = np.zeros(m + 1, dtype=np.int64)
+    for r in range(m):
+        indptr[r + 1] = indptr[r] + seg[r, NFIRE]
+    idx = np.empty(indptr[m], dtype=np.int64)
+    for r in range(m):
+        pos = indptr[r]
+        s0 = seg[r, START]
+        for q in range(s0, s0 + seg[r, CNT]):
+            if fire[q]:
+                idx[pos] = ej[q]
+                pos += 1
+        idx[indptr[r] : indptr[r + 1]].sort()
+    return indptr, idx

@@ -1,0 +1,194 @@
+"""Re-anchoring: a neuron whose certificate expired gets an exact row at the current
+time, a rebuilt tree and a new band of entries (``docs/design.md``, "Anchors and
+bands").  Cost per neuron: O(n·|prefix|) for the Gram identity (or O(nd) from
+``W0`` when the stored row is float32) plus O(n) for its tree.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange, types
+from numba.typed import List
+
+from .. import _config, _maxtree
+from ._anchors import BandState, count_candidates, query_threshold
+from ._pairs import coef, dot_row, flip
+from ._pool import CAP, CNT, LEAF_ERR, NFIRE, START, SUPP
+
+__all__ = ["reanchor"]
+
+
+def reanchor(
+    st: BandState, rows: np.ndarray, eta_s: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Re-anchor neurons ``rows`` of ``st`` at the current time.
+
+    Their rows are recomputed exactly (Gram identity from the float64
+    anchored rows, or from ``W0`` when the rows are float32), written to
+    their trees, and their entries become the ever-fired pairs plus the band
+    around ``b``.  A pair outside the band may have crossed ``b`` once the
+    certificate expired: such flips are applied and returned as
+    ``(r, j, value, on)`` arrays for the caller's bookkeeping.
+    """
+    out = [[] for _ in range(4)]
+    chunk = _config.block_rows(8 * st.n, rows.shape[0], _config.REANCHOR_BLOCK_BYTES)
+    pool = st.pool.arrays
+    for s in range(0, rows.shape[0], chunk):
+        part = rows[s : s + chunk]
+        exact = np.empty((part.shape[0], st.n))
+        # an anchored row is exact if stored in float64 and not from a float32 GEMM
+        from_anchor = (st.nf[part, LEAF_ERR] == 0.0) & (st.anchor_dtype == np.float64)
+        exact[from_anchor] = st.V[part[from_anchor]]
+        if not from_anchor.all():
+            sub = np.flatnonzero(~from_anchor)
+            exact[sub] = st.W0[part[sub]] @ st.X.T
+        gram_rows(part, exact, st.seg, pool, st.a, st.E, eta_s, st.G, from_anchor)
+        _maxtree.set_rows(st.V, st.inner, st.off, part, exact.astype(st.V.dtype))
+        st.nf[part, LEAF_ERR] = 0.0
+        tau = np.full(part.shape[0], st.b - st.band)
+        counts = count_candidates(st.V, st.inner, st.off, part, tau, st.nf[:, LEAF_ERR])
+        need = counts + ever_not_in_band(part, exact, st.seg, pool, st.b - st.band)
+        old = st.seg[part].copy()
+        grow = need > old[:, CAP]
+        if grow.any():
+            st.pool.place(st.seg, part[grow], need[grow])
+            pool = st.pool.arrays
+        flips = rebuild_entries(
+            part,
+            old,
+            exact,
+            tau,
+            st.V,
+            st.inner,
+            st.off,
+            st.nf[:, LEAF_ERR],
+            st.seg,
+            pool,
+            st.a,
+            st.E,
+            eta_s,
+            st.b,
+        )
+        for acc, arr in zip(out, flips, strict=True):
+            acc.append(arr)
+    return tuple(np.concatenate(acc) for acc in out)
+
+
+@njit(cache=True, parallel=True)
+def gram_rows(rows, out, seg, pool, a, E, eta_s, G, from_anchor):
+    """Exact current rows by the Gram identity, in place.
+
+    ``out[k]`` holds the anchored row (``from_anchor[k]``): subtract
+    ``Σ_l (C_l - cref_l) G[l]``; or ``W0[r] Xᵀ``: subtract ``Σ_l C_l G[l]``.
+    """
+    ej, cref = pool.j, pool.cref
+    n = out.shape[1]
+    for k in prange(rows.shape[0]):
+        r = rows[k]
+        s0 = seg[r, START]
+        for p in range(seg[r, SUPP]):
+            q = s0 + p
+            c = coef(q, r, pool, a, E, eta_s)
+            if from_anchor[k]:
+                c -= cref[q]
+            if c != 0.0:
+                g = ej[q]
+                for j in range(n):
+                    out[k, j] -= c * G[g, j]
+
+
+@njit(cache=True)
+def ever_not_in_band(rows, exact, seg, pool, tau):
+    """Ever-fired pairs of ``rows`` whose new anchored product is below ``tau``."""
+    ej = pool.j
+    out = np.zeros(rows.shape[0], dtype=np.int64)
+    for k in range(rows.shape[0]):
+        r = rows[k]
+        s0 = seg[r, START]
+        for p in range(seg[r, SUPP]):
+            if exact[k, ej[s0 + p]] < tau:
+                out[k] += 1
+    return out
+
+
+@njit(cache=True)
+def _set_entry(pool, pos, j, value, kappa, c, on):
+    pool.j[pos] = j
+    pool.uref[pos] = value
+    pool.val[pos] = value
+    pool.key[pos] = 0.0
+    pool.kappa[pos] = kappa
+    pool.cref[pos] = c
+    pool.clast[pos] = c
+    pool.fire[pos] = on
+
+
+@njit(cache=True)
+def rebuild_entries(rows, old, exact, tau, V, inner, off, leaf_err, seg, pool, a, E, eta_s, b):
+    """Re-create the entries of re-anchored neurons from their exact rows.
+
+    The ever-fired pairs stay (with ``cref`` set to their current
+    coefficient); the other entries are the tree query at the lowered
+    threshold.  A pair whose exact value disagrees with its firing flag is
+    flipped here.  Returns the flips as ``(r, j, value, on)`` arrays.
+    """
+    n = exact.shape[1]
+    out_r = List.empty_list(types.int64)
+    out_j = List.empty_list(types.int64)
+    out_v = List.empty_list(types.float64)
+    out_on = List.empty_list(types.boolean)
+    mark = np.full(n, -1, dtype=np.int64)
+    found = np.empty((n, 1), dtype=np.int64)
+    for k in range(rows.shape[0]):
+        r = rows[k]
+        o_start, ns = old[k, START], old[k, SUPP]
+        # copy the ever-fired pairs out first: the segment may be the same
+        keep_j = pool.j[o_start : o_start + ns].copy()
+        keep_kappa = pool.kappa[o_start : o_start + ns].copy()
+        keep_fire = pool.fire[o_start : o_start + ns].copy()
+        s0 = seg[r, START]
+        pos = s0
+        nfire = 0
+        for p in range(ns):
+            j = keep_j[p]
+            c = keep_kappa[p]
+            if keep_fire[p]:
+                c += eta_s * dot_row(a, r, E, j)
+            _set_entry(pool, pos, j, exact[k, j], keep_kappa[p], c, keep_fire[p])
+            nfire += keep_fire[p]
+            mark[j] = r
+            pos += 1
+        thr = query_threshold(tau[k], leaf_err[r])
+        cnt = _maxtree.report_row(V[r], inner[r], off, thr, found, 0, n, r)
+        for f in range(cnt):
+            j = found[f, 0]
+            if mark[j] == r:
+                continue
+            _set_entry(pool, pos, j, exact[k, j], 0.0, 0.0, False)
+            pos += 1
+        seg[r, CNT] = pos - s0
+        seg[r, SUPP] = ns
+        seg[r, NFIRE] = nfire
+        # the exact row may reveal pairs that crossed b (in increasing position
+        # order, so that the swaps of flip never move a pair still to visit)
+        for q in range(s0, pos):
+            now = pool.val[q] >= b
+            if now != pool.fire[q]:
+                j = pool.j[q]
+                v = pool.val[q]
+                flip(r, q, seg, pool, a, E, eta_s, now)
+                out_r.append(r)
+                out_j.append(j)
+                out_v.append(v)
+                out_on.append(now)
+    k = len(out_r)
+    fr = np.empty(k, dtype=np.int64)
+    fj = np.empty(k, dtype=np.int64)
+    fv = np.empty(k)
+    fo = np.empty(k, dtype=np.bool_)
+    for i in range(k):
+        fr[i] = out_r[i]
+        fj[i] = out_j[i]
+        fv[i] = out_v[i]
+        fo[i] = out_on[i]
+    return fr, fj, fv, fo

@@ -1,0 +1,21 @@
+"""The training methods by name."""
+
+from __future__ import annotations
+
+from ._base import Trainer
+from .dense import DenseTrainer
+from .dtree import DTreeTrainer
+from .kernel import KernelTrainer
+from .lazy import LazyTrainer
+from .wtree import WTreeTrainer
+
+__all__ = ["METHODS", "TRAINERS"]
+
+TRAINERS: dict[str, type[Trainer]] = {
+    "dense": DenseTrainer,
+    "dtree": DTreeTrainer,
+    "wtree": WTreeTrainer,
+    "lazy": LazyTrainer,
+    "kernel": KernelTrainer,
+}
+METHODS = ("auto", *TRAINERS)

@@ -1,0 +1,357 @@
+"""What the lazy and kernel trainers share: anchored products, tracked pairs,
+implicit weights, outputs from the exact firing values, and one evaluate /
+re-anchor step (``docs/design.md``, "Band trainers").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import njit, prange
+
+from .. import _config
+from .._validation import available_memory
+from ._anchors import BandState
+from ._base import Trainer
+from ._pairs import (
+    evaluate_neuron,
+    forward,
+    needs_reanchor,
+    neuron_key,
+    prefetch_block,
+    update_sigma,
+)
+from ._pool import BETA, CNT, DRIFT, KEY, LEAF_ERR, MINKEY, POOL_DTYPES, SIGMA, PoolArrays
+from ._reanchor import reanchor
+from ._state import Field, Scalar, fail
+
+__all__ = ["BandTrainer", "choose_storage", "evaluate_rows", "gather_flips"]
+
+
+def float_kind(name: str, value: Any) -> str:
+    """``value`` as ``"float32"`` or ``"float64"``, or a ValueError naming ``name``."""
+    try:
+        kind = np.dtype(value).name
+    except TypeError:
+        kind = None
+    if kind not in ("float32", "float64"):
+        raise ValueError(f"{name} must be 'float32' or 'float64', got {value!r}")
+    return kind
+
+
+def choose_storage(n: int, m: int, gemm_dtype: str) -> str:
+    """Storage of the anchored rows: float32 when the preprocessing GEMM is float32
+    (float64 leaves would hold the same float32 values), and also when float64 rows
+    would take more than :data:`~corrtree._config.FLOAT64_ANCHOR_MEMORY_SHARE` of
+    free memory; float64 otherwise."""
+    if (
+        np.dtype(gemm_dtype) == np.float32
+        or 8.0 * n * m > _config.FLOAT64_ANCHOR_MEMORY_SHARE * available_memory()
+    ):
+        return "float32"
+    return "float64"
+
+
+@njit(cache=True, parallel=True)
+def evaluate_rows(
+    rows,
+    seg,
+    nf,
+    pool,
+    scratch,
+    a,
+    E,
+    err,
+    G,
+    xnorm,
+    eta_s,
+    b,
+    R,
+    cert,
+    fbuf,
+    f_j,
+    f_v,
+    f_on,
+    nflips,
+    again,
+    P,
+    per_p,
+):
+    """Bring neurons ``rows`` to the current time: the step both band trainers share.
+
+    For each ``r = rows[k]``, :func:`~._pairs.evaluate_neuron` evaluates and
+    flips the pairs that may have changed side (``err``: the lazy trainer's
+    step bound; empty: the exact step), recording the flips at
+    ``f_*[fbuf[k]:]`` when ``f_j`` is non-empty; ``nflips[k]`` is their
+    number.  ``again[k]`` says the neuron must be re-anchored
+    (:func:`~._pairs.needs_reanchor`); otherwise, if ``per_p > 0`` (kernel
+    trainer), it gets a new key (:func:`~._pairs.neuron_key`).
+    """
+    ej = pool.j
+    record = f_j.shape[0] > 0
+    for k in prange(rows.shape[0]):
+        r = rows[k]
+        if k + 1 < rows.shape[0]:
+            prefetch_block(rows[k + 1], seg, ej, G)
+        first = fbuf[k] if record else 0
+        pos, since_anchor = evaluate_neuron(
+            r, seg, nf, pool, scratch, a, E, err, G, xnorm, eta_s, b, cert, f_j, f_v, f_on, first
+        )
+        nflips[k] = pos - first
+        again[k] = needs_reanchor(r, nf, since_anchor, R)
+        if per_p > 0 and not again[k]:
+            nf[r, KEY] = neuron_key(r, seg, nf, pool, xnorm, b, R, P, per_p, since_anchor)
+
+
+@njit(cache=True)
+def gather_flips(rows, fbuf, nflips, f_j, f_v, f_on):
+    """The flips recorded by :func:`evaluate_rows`, as neuron-grouped ``(r, j, value, on)``."""
+    total = nflips.sum()
+    fr = np.empty(total, dtype=np.int64)
+    fj = np.empty(total, dtype=np.int64)
+    fv = np.empty(total)
+    fo = np.empty(total, dtype=np.bool_)
+    i = 0
+    for k in range(rows.shape[0]):
+        for p in range(fbuf[k], fbuf[k] + nflips[k]):
+            fr[i] = rows[k]
+            fj[i] = f_j[p]
+            fv[i] = f_v[p]
+            fo[i] = f_on[p]
+            i += 1
+    return fr, fj, fv, fo
+
+
+BAND_FIELDS = (
+    Field("V", ("f4", "f8"), ("m", "n")),
+    Field("seg", ("i8",), ("m", 5)),
+    Field("nf", ("f8",), ("m", 6), finite=False),
+    *(
+        Field(
+            f"pool_{name}",
+            (np.dtype(dt).str[1:],),
+            ("cap",),
+            index="n" if name == "j" else None,
+            finite=name != "key",
+        )
+        for name, dt in zip(PoolArrays._fields, POOL_DTYPES, strict=True)
+    ),
+    Field("E", ("f8",), ("n", "K")),
+    Field("u", ("f8",), ("n", "K")),
+)
+BAND_SCALARS = (
+    Scalar("pool_used", int, 0, "cap"),
+    Scalar("flips", int, 0),
+    Scalar("cert", float, 0.0),
+    Scalar("band", float, 0.0),
+    Scalar("anchor_dtype", str),
+)
+
+
+def check_band(arrays: dict[str, np.ndarray], scalars: dict[str, Any], n: int) -> None:
+    """Invariants of a band state beyond dtypes, shapes and ranges: positive band and
+    certificate scale, segments that fit their capacity and the pool without
+    overlapping, distinct points per neuron, and fire flags that match the counts."""
+    for name in ("cert", "band"):
+        if not scalars[name] > 0:
+            fail(name, f"must be > 0, got {scalars[name]!r}")
+    if scalars["anchor_dtype"] != arrays["V"].dtype.name:
+        fail(
+            "V",
+            f"anchored rows are {arrays['V'].dtype.name}, the state says "
+            f"{scalars['anchor_dtype']!r}",
+        )
+    seg = arrays["seg"]
+    start, cnt, cap, supp, nfire = seg.T
+    if (
+        (start < 0).any()
+        or (nfire < 0).any()
+        or (supp < nfire).any()
+        or (cnt < supp).any()
+        or (cap < cnt).any()
+        or (cnt > n).any()
+    ):
+        fail("seg", "needs 0 <= NFIRE <= SUPP <= CNT <= min(CAP, n) and START >= 0")
+    if (start + cap > scalars["pool_used"]).any():
+        fail("seg", "a segment ends beyond the used part of the pool")
+    used = cap > 0
+    order = np.argsort(start[used], kind="stable")
+    s_sorted, c_sorted = start[used][order], cap[used][order]
+    if (s_sorted[1:] < s_sorted[:-1] + c_sorted[:-1]).any():
+        fail("seg", "segments overlap")
+    nf = arrays["nf"]
+    finite = nf[:, [DRIFT, BETA, LEAF_ERR]]
+    if not (
+        np.isfinite(finite).all()
+        and (finite >= 0).all()
+        and (nf[:, BETA] > 0).all()
+        and (nf[:, SIGMA] >= 0).all()
+    ):
+        fail("nf", "drifts, errors and σ must be finite and >= 0, band half-widths > 0")
+    owner = np.repeat(np.arange(seg.shape[0]), cnt)
+    local = np.arange(owner.shape[0]) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    pos = start[owner] + local
+    pairs = owner * n + arrays["pool_j"][pos]
+    if np.unique(pairs).shape[0] != pairs.shape[0]:
+        fail("pool_j", "a neuron tracks a point twice")
+    fire = arrays["pool_fire"][pos]
+    if fire[local >= supp[owner]].any():
+        fail("pool_fire", "a pair outside the ever-fired prefix fires")
+    if not np.array_equal(np.bincount(owner[fire], minlength=seg.shape[0]), nfire):
+        fail("pool_fire", "fire flags disagree with the counts in seg")
+    later = local >= supp[owner]  # entries outside the prefix: their smallest key
+    least = np.full(seg.shape[0], np.inf)
+    np.minimum.at(least, owner[later], arrays["pool_key"][pos[later]])
+    if (nf[:, MINKEY] > least).any():
+        fail("nf", "a neuron's smallest pair key is larger than one of its keys")
+
+
+class BandTrainer(Trainer):
+    """Base of the lazy and kernel trainers.
+
+    Options
+    -------
+    band : float, optional
+        Half-width ``β`` of the tracked band around ``b`` (default
+        :data:`~corrtree._config.BAND`), the re-anchoring budget: a larger band
+        tracks more pairs and re-anchors less often.
+    anchor_dtype : {"float64", "float32"}, optional
+        Storage of the anchored products (default :func:`choose_storage`).
+        Leaves carry their rounding error into every query, so both give the
+        same trajectory.
+    gemm_dtype : {"float32", "float64"}
+        Precision of the preprocessing GEMM (default float32, twice as fast);
+        every product within the float32 error bound of the band is
+        recomputed in float64, so the trajectory is the same.
+    _certificate_scale : float
+        Multiplies the drift bounds.  Only for testing that the tests catch a
+        certificate that is too tight: any value below 1 can miss crossings.
+    """
+
+    def _prepare(
+        self,
+        W0: np.ndarray,
+        band: float | None = None,
+        anchor_dtype: str | None = None,
+        gemm_dtype: str = "float32",
+        _certificate_scale: float = 1.0,
+    ) -> None:
+        n = self.X.shape[0]
+        band = _config.BAND if band is None else float(band)
+        if not band > 0:
+            raise ValueError(f"band must be > 0, got {band}")
+        gemm_dtype = float_kind("gemm_dtype", gemm_dtype)
+        anchor_dtype = (
+            choose_storage(n, self.m, gemm_dtype)
+            if anchor_dtype is None
+            else float_kind("anchor_dtype", anchor_dtype)
+        )
+        self.store = st = BandState(
+            W0, self.X, self.G, self.a, self.b, band, anchor_dtype, gemm_dtype
+        )
+        update_sigma(np.arange(self.m), st.seg, st.nf, st.pool.arrays, self.G)
+        self.u = forward(st.firing_neurons(), st.seg, st.pool.arrays, self.a, self.b, self.scale, n)
+        self.flips = 0
+        self.scratch = np.empty((2, st.pool.capacity))  # per-entry coefficient changes
+        self.cert = float(_certificate_scale)
+        self.info.update(band=band, anchor_dtype=str(np.dtype(anchor_dtype)), gemm_dtype=gemm_dtype)
+
+    def initial_fire_sets(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.store.firing_csr()
+
+    def final_loss(self) -> float:
+        return self._loss(self.u)[1]
+
+    def weights(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        start, stop, _ = slice(start, stop).indices(self.m)
+        return self.store.weights(start, stop, self.eta_s)
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        st = self.store
+        arrays = {
+            "V": st.V,
+            "seg": st.seg,
+            "nf": st.nf,
+            "E": st.E,
+            "u": self.u,
+            **{f"pool_{k}": v for k, v in st.pool.arrays._asdict().items()},
+        }
+        return arrays, {
+            "anchor_dtype": st.anchor_dtype.name,
+            "pool_used": st.pool.used,
+            "flips": self.flips,
+            "cert": self.cert,
+            "band": st.band,
+        }
+
+    def _restore(self, W0, arrays, scalars, sizes) -> None:
+        check_band(arrays, scalars, sizes["n"])
+        pool = PoolArrays(*(arrays[f"pool_{k}"] for k in PoolArrays._fields))
+        self.store = BandState.from_arrays(
+            W0,
+            self.X,
+            self.G,
+            self.a,
+            self.b,
+            scalars["band"],
+            arrays["V"],
+            arrays["seg"],
+            arrays["nf"],
+            pool,
+            scalars["pool_used"],
+            arrays["E"],
+        )
+        self.u = arrays["u"]
+        self.flips = scalars["flips"]
+        self.cert = scalars["cert"]
+        self.scratch = np.empty((2, self.store.pool.capacity))
+
+    def _evaluate(
+        self, rows: np.ndarray, err: np.ndarray, record: bool, P: float = 0.0, per_p: float = 0.0
+    ) -> tuple[np.ndarray, np.ndarray, tuple | None]:
+        """:func:`evaluate_rows` on ``rows``: returns the flips per neuron, the re-anchor
+        mask and, if ``record``, the flips as ``(r, j, value, on)`` arrays."""
+        st = self.store
+        if self.scratch.shape[1] < st.pool.capacity:
+            self.scratch = np.empty((2, st.pool.capacity))
+        fbuf = np.zeros(rows.shape[0] + 1, dtype=np.int64)
+        if record:
+            np.cumsum(st.seg[rows, CNT], out=fbuf[1:])  # room for every entry to flip
+        f_j = np.empty(fbuf[-1], dtype=np.int64)
+        f_v = np.empty(fbuf[-1])
+        f_on = np.empty(fbuf[-1], dtype=np.bool_)
+        nflips = np.zeros(rows.shape[0], dtype=np.int64)
+        again = np.zeros(rows.shape[0], dtype=np.bool_)
+        evaluate_rows(
+            rows,
+            st.seg,
+            st.nf,
+            st.pool.arrays,
+            self.scratch,
+            self.a,
+            st.E,
+            err,
+            self.G,
+            st.xnorm,
+            self.eta_s,
+            self.b,
+            st.R,
+            self.cert,
+            fbuf,
+            f_j,
+            f_v,
+            f_on,
+            nflips,
+            again,
+            P,
+            per_p,
+        )
+        flips = gather_flips(rows, fbuf, nflips, f_j, f_v, f_on) if record else None
+        return nflips, again, flips
+
+    def _reanchor(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Re-anchor ``rows`` and refresh their σ; returns the flips it found."""
+        flips = reanchor(self.store, rows, self.eta_s)
+        update_sigma(rows, self.store.seg, self.store.nf, self.store.pool.arrays, self.G)
+        return flips

@@ -1,0 +1,267 @@
+"""Each kernel of the band trainers against its brute-force twin in ``naive.py``.
+
+The state is real: a BandState built from random data, then given random
+coefficients (``kappa``, firing flags, cumulative error ``E``), so the implicit
+weights ``W = W0 - C X`` are far from ``W0`` and every kernel has work to do.
+"""
+
+import numpy as np
+import pytest
+from naive import (
+    coefficients,
+    gershgorin_sigma,
+    ntk,
+    outputs_from_values,
+    products,
+    sparse_step,
+)
+
+from corrtree.training import _pairs
+from corrtree.training._anchors import BandState
+from corrtree.training._pool import CNT, NFIRE, START, SUPP
+from corrtree.training._reanchor import reanchor
+from corrtree.training._sparse import keys_to_csr, stepped_rows
+from corrtree.training.kernel import apply_flips
+
+BAND = 0.4
+
+
+def _state(seed, n=30, m=60, d=6, K=2, gemm="float64", anchor="float64"):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    W0 = rng.standard_normal((m, d))
+    a = rng.choice([-1.0, 1.0], size=(m, K))
+    b = 0.6
+    st = BandState(W0, X, X @ X.T, a, b, BAND, anchor, gemm)
+    return st, rng
+
+
+def _perturb(st, rng, scale=0.05):
+    """Random coefficients on the ever-fired prefixes, and a random cumulative error."""
+    pool = st.pool.arrays
+    for r in range(st.m):
+        s0, ns = st.seg[r, START], st.seg[r, SUPP]
+        pool.kappa[s0 : s0 + ns] = scale * rng.standard_normal(ns)
+    st.E[...] = scale * rng.standard_normal(st.E.shape)
+    return 0.7  # eta_s
+
+
+def _entries(st, r):
+    s0, cnt = st.seg[r, START], st.seg[r, CNT]
+    return st.pool.arrays.j[s0 : s0 + cnt]
+
+
+@pytest.mark.parametrize(("gemm", "anchor"), [("float64", "float64"), ("float32", "float32")])
+def test_anchors_hold_the_band_and_exact_values(gemm, anchor):
+    st, _ = _state(0, gemm=gemm, anchor=anchor)
+    U = products(st.X, st.W0)
+    pool = st.pool.arrays
+    for r in range(st.m):
+        s0, cnt, supp = st.seg[r, START], st.seg[r, CNT], st.seg[r, SUPP]
+        j = pool.j[s0 : s0 + cnt]
+        assert sorted(j) == sorted(np.flatnonzero(U[r] >= st.b - BAND))
+        np.testing.assert_allclose(pool.uref[s0 : s0 + cnt], U[r, j], rtol=0, atol=1e-13)
+        assert sorted(j[:supp]) == sorted(np.flatnonzero(U[r] >= st.b))
+        assert pool.fire[s0 : s0 + supp].all() and not pool.fire[s0 + supp : s0 + cnt].any()
+        assert st.seg[r, NFIRE] == supp
+
+
+def test_eval_ever_gives_current_products_and_distance():
+    st, rng = _state(1)
+    eta_s = _perturb(st, rng)
+    C = coefficients(st.seg, st.pool.arrays, st.a, st.E, eta_s, st.m, st.n)
+    W = st.W0 - C @ st.X
+    U = products(st.X, W)
+    scratch = np.empty((2, st.pool.capacity))
+    pool = st.pool.arrays
+    for r in range(st.m):
+        since, _ = _pairs.eval_ever(r, st.seg, pool, scratch, st.a, st.E, st.G, eta_s, False)
+        s0, ns = st.seg[r, START], st.seg[r, SUPP]
+        j = pool.j[s0 : s0 + ns]
+        np.testing.assert_allclose(pool.val[s0 : s0 + ns], U[r, j], rtol=0, atol=1e-12)
+        dist = np.linalg.norm(W[r] - st.W0[r])
+        assert dist <= since <= dist * (1 + 1e-9) + 1e-9
+
+
+def test_gram_sum_is_the_gram_weighted_sum():
+    rng = np.random.default_rng(2)
+    G = rng.standard_normal((9, 9))
+    ej = rng.integers(0, 9, 7).astype(np.int32)
+    dc = rng.standard_normal(7)
+    for ns in range(8):
+        want = sum(dc[p] * G[3, ej[p]] for p in range(ns))
+        assert _pairs.gram_sum(G, 3, ej, dc, 0, ns) == pytest.approx(want, abs=1e-12)
+
+
+def test_sigma_is_a_gershgorin_bound_of_the_fire_set():
+    st, _ = _state(3)
+    pool = st.pool.arrays
+    for r in range(st.m):
+        s0, ns = st.seg[r, START], st.seg[r, SUPP]
+        S = pool.j[s0 : s0 + ns][pool.fire[s0 : s0 + ns]]
+        sig = _pairs.sigma(r, st.seg, pool, st.G)
+        assert sig == pytest.approx(gershgorin_sigma(st.G, S), rel=1e-12)
+        if len(S):
+            assert sig**2 >= np.linalg.eigvalsh(st.G[np.ix_(S, S)]).max() - 1e-12
+
+
+def test_evaluate_neuron_flips_exactly_the_crossed_pairs():
+    st, rng = _state(4)
+    eta_s = _perturb(st, rng, scale=0.2)
+    C = coefficients(st.seg, st.pool.arrays, st.a, st.E, eta_s, st.m, st.n)
+    U = products(st.X, st.W0 - C @ st.X)
+    st.nf[:, 1] = 0.0  # MINKEY: every tracked pair is due
+    _pairs.update_sigma(np.arange(st.m), st.seg, st.nf, st.pool.arrays, st.G)
+    scratch = np.empty((2, st.pool.capacity))
+    none = np.empty(0, dtype=np.int64)
+    total = 0
+    for r in range(st.m):
+        pos, _ = _pairs.evaluate_neuron(
+            r,
+            st.seg,
+            st.nf,
+            st.pool.arrays,
+            scratch,
+            st.a,
+            st.E,
+            np.empty((0, st.K)),
+            st.G,
+            st.xnorm,
+            eta_s,
+            st.b,
+            1.0,
+            none,
+            np.empty(0),
+            np.empty(0, np.bool_),
+            0,
+        )
+        total += pos
+        j = _entries(st, r)
+        s0, cnt = st.seg[r, START], st.seg[r, CNT]
+        fire = st.pool.arrays.fire[s0 : s0 + cnt]
+        np.testing.assert_array_equal(fire, U[r, j] >= st.b)
+    assert total > 0  # the coefficients moved some pairs across b
+
+
+def test_weights_forward_and_firing_csr_against_brute_force():
+    st, rng = _state(5)
+    eta_s = _perturb(st, rng)
+    C = coefficients(st.seg, st.pool.arrays, st.a, st.E, eta_s, st.m, st.n)
+    np.testing.assert_allclose(st.weights(0, st.m, eta_s), st.W0 - C @ st.X, atol=1e-13)
+    np.testing.assert_allclose(st.weights(7, 19, eta_s), (st.W0 - C @ st.X)[7:19], atol=1e-13)
+    pool = st.pool.arrays
+    firing = [
+        (r, pool.j[q], pool.val[q])
+        for r in range(st.m)
+        for q in range(st.seg[r, START], st.seg[r, START] + st.seg[r, SUPP])
+        if pool.fire[q]
+    ]
+    u = _pairs.forward(np.arange(st.m), st.seg, pool, st.a, st.b, 1 / np.sqrt(st.m), st.n)
+    np.testing.assert_allclose(u, outputs_from_values(firing, st.a, st.b, st.n, st.m), atol=1e-13)
+    indptr, idx = st.firing_csr()
+    keys = np.sort([r * st.n + j for r, j, _ in firing]).astype(np.int64)
+    want = keys_to_csr(keys, st.m, st.n)
+    np.testing.assert_array_equal(indptr, want[0])
+    np.testing.assert_array_equal(idx, want[1])
+
+
+@pytest.mark.parametrize(("gemm", "anchor"), [("float64", "float64"), ("float32", "float32")])
+def test_reanchor_recomputes_rows_and_bands(gemm, anchor):
+    st, rng = _state(6, gemm=gemm, anchor=anchor)
+    eta_s = _perturb(st, rng, scale=0.2)
+    C = coefficients(st.seg, st.pool.arrays, st.a, st.E, eta_s, st.m, st.n)
+    U = products(st.X, st.W0 - C @ st.X)
+    ever = {r: set(_entries(st, r)[: st.seg[r, SUPP]]) for r in range(st.m)}
+    rows = np.arange(0, st.m, 3, dtype=np.int64)
+    reanchor(st, rows, eta_s)
+    pool = st.pool.arrays
+    for r in rows:
+        s0, cnt = st.seg[r, START], st.seg[r, CNT]
+        j = pool.j[s0 : s0 + cnt]
+        assert set(j) == ever[r] | set(np.flatnonzero(U[r] >= st.b - BAND))
+        np.testing.assert_allclose(pool.uref[s0 : s0 + cnt], U[r, j], rtol=0, atol=1e-12)
+        np.testing.assert_array_equal(pool.fire[s0 : s0 + cnt], U[r, j] >= st.b)
+        np.testing.assert_allclose(st.V[r], U[r], atol=1e-6 if anchor == "float32" else 1e-12)
+    # the implicit weights did not change
+    C2 = coefficients(st.seg, st.pool.arrays, st.a, st.E, eta_s, st.m, st.n)
+    np.testing.assert_allclose(C2, C, atol=1e-14)
+
+
+def test_apply_flips_keeps_h_the_ntk_of_the_fire_sets():
+    st, rng = _state(7)
+    F0 = np.zeros((st.m, st.n), dtype=bool)
+    indptr, idx = st.firing_csr()
+    for r in range(st.m):
+        F0[r, idx[indptr[r] : indptr[r + 1]]] = True
+    H = ntk(F0, st.G, st.a)
+    u = np.zeros((st.n, st.K))
+    eta_s = _perturb(st, rng, scale=0.3)
+    scratch = np.empty((2, st.pool.capacity))
+    fr, fj, fv, fo = [], [], [], []
+    st.nf[:, 1] = 0.0
+    _pairs.update_sigma(np.arange(st.m), st.seg, st.nf, st.pool.arrays, st.G)
+    for r in range(st.m):
+        cap = st.seg[r, CNT]
+        f_j, f_v, f_on = np.empty(cap, np.int64), np.empty(cap), np.empty(cap, np.bool_)
+        pos, _ = _pairs.evaluate_neuron(
+            r,
+            st.seg,
+            st.nf,
+            st.pool.arrays,
+            scratch,
+            st.a,
+            st.E,
+            np.empty((0, st.K)),
+            st.G,
+            st.xnorm,
+            eta_s,
+            st.b,
+            1.0,
+            f_j,
+            f_v,
+            f_on,
+            0,
+        )
+        fr += [r] * pos
+        fj += list(f_j[:pos])
+        fv += list(f_v[:pos])
+        fo += list(f_on[:pos])
+    assert len(fr) > 0
+    apply_flips(
+        np.array(fr, np.int64),
+        np.array(fj, np.int64),
+        np.array(fv),
+        np.array(fo, np.bool_),
+        st.seg,
+        st.pool.arrays,
+        u,
+        H,
+        st.a,
+        st.G,
+        st.b,
+        1 / np.sqrt(st.m),
+        float(st.m),
+    )
+    F1 = np.zeros_like(F0)
+    indptr, idx = st.firing_csr()
+    for r in range(st.m):
+        F1[r, idx[indptr[r] : indptr[r + 1]]] = True
+    np.testing.assert_allclose(H, ntk(F1, st.G, st.a), atol=1e-12)
+    sign = np.where(fo, 1.0, -1.0)
+    want = outputs_from_values(
+        zip(fr, fj, sign * (np.array(fv) - st.b) + st.b, strict=True), st.a, st.b, st.n, st.m
+    )
+    np.testing.assert_allclose(u, want, atol=1e-12)
+
+
+def test_stepped_rows_is_the_sparse_gradient_step():
+    rng = np.random.default_rng(8)
+    m, n, d, K = 40, 25, 7, 3
+    W, X = rng.standard_normal((m, d)), rng.standard_normal((n, d))
+    a, err = rng.choice([-1.0, 1.0], (m, K)), rng.standard_normal((n, K))
+    F = rng.random((m, n)) < 0.2
+    indptr, idx = keys_to_csr(np.flatnonzero(F), m, n)
+    rows = np.flatnonzero(F.any(axis=1)).astype(np.int64)
+    got = stepped_rows(W, rows, indptr, idx, X, a, err, 0.3)
+    np.testing.assert_allclose(got, sparse_step(W, F, X, a, err, 0.3)[rows], atol=1e-13)
