@@ -24,7 +24,7 @@ from ._ntk import auto_lr
 from ._sparse import count_changed, stepped_rows
 from ._state import Field, Schema, check_csr, fail
 
-__all__ = ["Timer", "Trainer", "TreeTrainer", "previous_fire", "tree_schema"]
+__all__ = ["Prepared", "Timer", "Trainer", "TreeTrainer", "previous_fire", "tree_schema"]
 
 PHASES = ("query", "forward", "backward", "update")
 
@@ -89,19 +89,50 @@ class Trainer:
         self._bind(model, X, Y, G)
         self._prepare(model.W, **options)
         t0 = time.perf_counter()
-        lr = auto_lr(*self.initial_fire_sets(), G, self.a, self.ntk()) if lr == "auto" else lr
+        if lr == "auto":
+            lr = auto_lr(*self.initial_fire_sets(), G, self.a, self.ntk(), self.width)
         self.info["lr_s"] = time.perf_counter() - t0
+        self._begin(lr)
+
+    @classmethod
+    def prepare(
+        cls,
+        model: TwoLayerReLU,
+        X: np.ndarray,
+        Y: np.ndarray,
+        G: np.ndarray,
+        width: int,
+        **options: Any,
+    ) -> Prepared:
+        """The preprocessing of a *shard*: the neurons of ``model`` are a slice of a
+        network of ``width`` neurons (``1/sqrt(width)`` scales the outputs).  The
+        learning rate, which needs every shard, comes with :meth:`Prepared.start`."""
+        trainer = cls.__new__(cls)
+        trainer._bind(model, X, Y, G, width)
+        trainer._prepare(model.W, **options)
+        return Prepared(trainer)
+
+    def _begin(self, lr: float) -> None:
         self._set_lr(lr)
         self._start()
         self.timer.pop()  # preprocessing is not part of the first iteration
 
-    def _bind(self, model: TwoLayerReLU, X: np.ndarray, Y: np.ndarray, G: np.ndarray) -> None:
-        """What every trainer holds of the run: data, output weights, threshold."""
+    def _bind(
+        self,
+        model: TwoLayerReLU,
+        X: np.ndarray,
+        Y: np.ndarray,
+        G: np.ndarray,
+        width: int | None = None,
+    ) -> None:
+        """What every trainer holds of the run: data, output weights, threshold, and
+        the network's width (the trainer's own neurons are ``model.m`` of them)."""
         self.X, self.Y, self.G = X, Y, G
         self.a = np.array(model.output_weights)  # (m, K)
         self.b = model.b
         self.m = model.m
-        self.scale = 1.0 / math.sqrt(model.m)
+        self.width = model.m if width is None else int(width)
+        self.scale = 1.0 / math.sqrt(self.width)
         self.timer = Timer()
         self.info: dict[str, Any] = {}
 
@@ -126,13 +157,14 @@ class Trainer:
         lr: float,
         arrays: dict[str, np.ndarray],
         scalars: dict[str, Any],
+        width: int | None = None,
     ) -> Trainer:
         """A trainer in the state ``(arrays, scalars)`` written by :meth:`state`, checked
         against :attr:`SCHEMA` first (:class:`~._state.CheckpointError` if it fails)."""
         sizes = {"n": X.shape[0], "m": model.m, "d": model.d, "K": model.outputs}
         sizes = cls.SCHEMA.check(arrays, scalars, sizes)
         trainer = cls.__new__(cls)
-        trainer._bind(model, X, Y, G)
+        trainer._bind(model, X, Y, G, width)
         trainer._set_lr(lr)
         trainer._restore(model.W, arrays, scalars, sizes)
         trainer.timer.pop()
@@ -164,13 +196,26 @@ class Trainer:
         """The NTK matrix of ``W(0)`` if the method forms it (else ``None``)."""
         return None
 
+    def outputs(self) -> np.ndarray:
+        """The network outputs ``u(t)`` at the current weights, ``(n, K)`` (for a shard:
+        the sum over its neurons)."""
+        raise NotImplementedError
+
+    def advance(self, err: np.ndarray) -> dict[str, Any]:
+        """The gradient step for the error ``err = u(t) - Y`` (of the whole network);
+        returns the History row of the iteration without its loss."""
+        raise NotImplementedError
+
     def step(self) -> dict[str, Any]:
         """One gradient step; returns the History row of the iteration."""
-        raise NotImplementedError
+        err, loss = self._loss(self.outputs())
+        return {**self.advance(err), "loss": loss}
 
     def final_loss(self) -> float:
         """Loss at the current weights (after the last step)."""
-        raise NotImplementedError
+        loss = self._loss(self.outputs())[1]
+        self.timer.pop()
+        return loss
 
     def weights(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Rows ``start:stop`` of the current weights ``W(t)``, as a new array."""
@@ -183,16 +228,14 @@ class Trainer:
 
     def _row(
         self,
-        loss: float,
         fired_pairs: int,
         moved_neurons: int,
         flips: int,
         band_pairs: int = 0,
         reanchored: int = 0,
     ) -> dict[str, Any]:
-        """The History row of the iteration just done, with its phase times."""
+        """The History row of the iteration just done (no loss), with its phase times."""
         return {
-            "loss": loss,
             "fired_pairs": int(fired_pairs),
             "moved_neurons": int(moved_neurons),
             "flips": int(flips),
@@ -207,9 +250,6 @@ class TreeTrainer(Trainer):
     and its products, a sparse gradient on the fired pairs, one batched update."""
 
     tree: Any  # CorrelationDTree or CorrelationWTree, built by the subclass
-
-    def _outputs(self) -> np.ndarray:
-        raise NotImplementedError
 
     def _gradient_step(self, fire_r: tuple[np.ndarray, np.ndarray], err: np.ndarray) -> np.ndarray:
         """Sparse gradient on the fired pairs (r-major fire sets), then the tree update
@@ -227,11 +267,6 @@ class TreeTrainer(Trainer):
     ) -> int:
         return 0 if previous is None else count_changed(*previous, *current)
 
-    def final_loss(self) -> float:
-        loss = self._loss(self._outputs())[1]
-        self.timer.pop()
-        return loss
-
     def weights(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         return np.array(self.tree.W[start:stop])
 
@@ -242,6 +277,31 @@ class TreeTrainer(Trainer):
         if previous is not None:
             arrays["prev_indptr"], arrays["prev_idx"] = previous
         return arrays, {}
+
+
+class Prepared:
+    """A trainer whose preprocessing is done but whose learning rate is not yet known
+    (see :meth:`Trainer.prepare`): it answers the questions ``lr="auto"`` asks of
+    every shard, and :meth:`start` turns it into the trainer."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self._trainer = trainer
+
+    def initial_fire_sets(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._trainer.initial_fire_sets()
+
+    def ntk(self) -> np.ndarray | None:
+        return self._trainer.ntk()
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return self._trainer.info
+
+    def start(self, lr: float) -> Trainer:
+        """The trainer, complete, with learning rate ``lr``."""
+        trainer, self._trainer = self._trainer, None
+        trainer._begin(lr)
+        return trainer
 
 
 def previous_fire(arrays: dict[str, np.ndarray], cols: int) -> tuple[np.ndarray, np.ndarray] | None:

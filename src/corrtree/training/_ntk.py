@@ -18,7 +18,14 @@ from numba import njit, prange
 from .. import _config
 from ._sparse import transpose_csr
 
-__all__ = ["auto_lr", "lambda_max", "ntk_matrix"]
+__all__ = [
+    "auto_lr",
+    "lambda_max",
+    "lr_from_lambda",
+    "ntk_matrix",
+    "ntk_matvec",
+    "top_eigenvalue",
+]
 
 
 @njit(cache=True, parallel=True)
@@ -68,11 +75,47 @@ def _ntk_matvec(indptr_r, idx_r, indptr_i, idx_i, G, a, m, v):
     return out
 
 
-def ntk_matrix(indptr_r: np.ndarray, idx_r: np.ndarray, G: np.ndarray, a: np.ndarray) -> np.ndarray:
-    """Dense ``H`` (``nK × nK``) from r-major fire sets; O(Σ_r k̃_r²·K² + n²K²)."""
+def ntk_matrix(
+    indptr_r: np.ndarray, idx_r: np.ndarray, G: np.ndarray, a: np.ndarray, width: int | None = None
+) -> np.ndarray:
+    """Dense ``H`` (``nK × nK``) from r-major fire sets; O(Σ_r k̃_r²·K² + n²K²).
+
+    ``width`` is the network's width ``m`` in ``1/m`` (default: the rows of ``a``;
+    a shard's neurons give its share of ``H``, and the shares sum to ``H``).
+    """
     n = G.shape[0]
     indptr_i, idx_i = transpose_csr(indptr_r, idx_r, n)
-    return _ntk_dense(indptr_r, idx_r, indptr_i, idx_i, G, a, float(a.shape[0]))
+    m = float(a.shape[0] if width is None else width)
+    return _ntk_dense(indptr_r, idx_r, indptr_i, idx_i, G, a, m)
+
+
+def ntk_matvec(
+    indptr_r: np.ndarray, idx_r: np.ndarray, G: np.ndarray, a: np.ndarray, width: int | None = None
+):
+    """``v -> H v`` on flat vectors of length ``nK``, from the sparse fire sets
+    (O(Σ_r k̃_r·(k̃_r + K)) per product, parallel); ``width`` as in :func:`ntk_matrix`."""
+    n, K = G.shape[0], a.shape[1]
+    indptr_i, idx_i = transpose_csr(indptr_r, idx_r, n)
+    m = float(a.shape[0] if width is None else width)
+
+    def matvec(v: np.ndarray) -> np.ndarray:
+        return _ntk_matvec(indptr_r, idx_r, indptr_i, idx_i, G, a, m, v.reshape(n, K)).ravel()
+
+    return matvec
+
+
+def top_eigenvalue(order: int, matvec=None, H: np.ndarray | None = None) -> float:
+    """Largest eigenvalue of a symmetric positive semi-definite operator of ``order``:
+    LAPACK on the dense ``H`` when given, else Lanczos (ARPACK, tolerance 1e-4, a
+    fixed random start vector, so the result is deterministic) on ``matvec``."""
+    if H is not None:
+        return float(scipy.linalg.eigvalsh(H, subset_by_index=[order - 1, order - 1])[0])
+    op = scipy.sparse.linalg.LinearOperator((order, order), matvec=matvec, dtype=np.float64)
+    # A generic start vector is not confined to an invariant subspace the way a
+    # constant vector can be.
+    v0 = np.random.default_rng(0).standard_normal(order)
+    val = scipy.sparse.linalg.eigsh(op, k=1, which="LA", v0=v0, tol=1e-4, return_eigenvectors=False)
+    return float(val[0])
 
 
 def lambda_max(
@@ -81,34 +124,31 @@ def lambda_max(
     G: np.ndarray,
     a: np.ndarray,
     H: np.ndarray | None = None,
+    width: int | None = None,
 ) -> float:
     """Largest eigenvalue of the NTK matrix ``H`` of the given fire sets.
 
     Up to order :data:`~corrtree._config.NTK_DENSE_EIG_LIMIT` ``H`` is formed (or
     taken from ``H``, which must be :func:`ntk_matrix` of the same fire sets) and
-    LAPACK gives the eigenvalue;
-    beyond, Lanczos (ARPACK, a fixed random start vector) runs on the sparse
-    matvec.  The result is deterministic for given inputs.
+    LAPACK gives the eigenvalue; beyond, Lanczos runs on the sparse mat-vec
+    (:func:`top_eigenvalue`).  The result is deterministic for given inputs.
     """
-    n, K = G.shape[0], a.shape[1]
+    order = G.shape[0] * a.shape[1]
     if idx_r.shape[0] == 0:
         return 0.0
-    if n * K <= _config.NTK_DENSE_EIG_LIMIT:
-        if H is None:
-            H = ntk_matrix(indptr_r, idx_r, G, a)
-        return float(scipy.linalg.eigvalsh(H, subset_by_index=[n * K - 1, n * K - 1])[0])
-    indptr_i, idx_i = transpose_csr(indptr_r, idx_r, n)
-    m = float(a.shape[0])
+    if order <= _config.NTK_DENSE_EIG_LIMIT:
+        return top_eigenvalue(order, H=ntk_matrix(indptr_r, idx_r, G, a, width) if H is None else H)
+    return top_eigenvalue(order, ntk_matvec(indptr_r, idx_r, G, a, width))
 
-    def matvec(v):
-        return _ntk_matvec(indptr_r, idx_r, indptr_i, idx_i, G, a, m, v.reshape(n, K)).ravel()
 
-    op = scipy.sparse.linalg.LinearOperator((n * K, n * K), matvec=matvec, dtype=np.float64)
-    # A fixed generic start vector: deterministic, and not confined to an
-    # invariant subspace the way a constant vector can be.
-    v0 = np.random.default_rng(0).standard_normal(n * K)
-    val = scipy.sparse.linalg.eigsh(op, k=1, which="LA", v0=v0, tol=1e-4, return_eigenvectors=False)
-    return float(val[0])
+def lr_from_lambda(lam: float) -> float:
+    """``1 / λ_max``, or a ValueError when no pair fires (``λ_max = 0``)."""
+    if not lam > 0:
+        raise ValueError(
+            "lr='auto' needs at least one firing pair (no neuron fires on the data at "
+            "initialization); give lr explicitly or lower the threshold b"
+        )
+    return 1.0 / lam
 
 
 def auto_lr(
@@ -117,6 +157,7 @@ def auto_lr(
     G: np.ndarray,
     a: np.ndarray,
     H: np.ndarray | None = None,
+    width: int | None = None,
 ) -> float:
     """``lr="auto"``: ``1 / λ_max`` of the NTK matrix of the fire sets (see :func:`lambda_max`).
 
@@ -125,10 +166,4 @@ def auto_lr(
     ValueError
         If no pair fires (``λ_max = 0``).
     """
-    lam = lambda_max(indptr_r, idx_r, G, a, H)
-    if not lam > 0:
-        raise ValueError(
-            "lr='auto' needs at least one firing pair (no neuron fires on the data at "
-            "initialization); give lr explicitly or lower the threshold b"
-        )
-    return 1.0 / lam
+    return lr_from_lambda(lambda_max(indptr_r, idx_r, G, a, H, width))

@@ -260,8 +260,8 @@ class BandTrainer(Trainer):
     def initial_fire_sets(self) -> tuple[np.ndarray, np.ndarray]:
         return self.store.firing_csr()
 
-    def final_loss(self) -> float:
-        return self._loss(self.u)[1]
+    def outputs(self) -> np.ndarray:
+        return self.u
 
     def weights(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         start, stop, _ = slice(start, stop).indices(self.m)

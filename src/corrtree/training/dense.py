@@ -110,8 +110,10 @@ class DenseTrainer(Trainer):
     def initial_fire_sets(self) -> tuple[np.ndarray, np.ndarray]:
         return self.fire
 
-    def step(self) -> dict[str, Any]:
-        err, loss = self._loss(self.u)
+    def outputs(self) -> np.ndarray:
+        return self.u
+
+    def advance(self, err: np.ndarray) -> dict[str, Any]:
         indptr, idx = self.fire
         flips = 0 if self.prev_fire is None else count_changed(*self.prev_fire, indptr, idx)
         c = self.eta_s
@@ -131,10 +133,7 @@ class DenseTrainer(Trainer):
                 self.W[s : s + self.block] -= grad
         self.prev_fire = self.fire
         self._forward()
-        return self._row(loss, idx.shape[0], np.count_nonzero(np.diff(indptr)), flips)
-
-    def final_loss(self) -> float:
-        return self._loss(self.u)[1]
+        return self._row(idx.shape[0], np.count_nonzero(np.diff(indptr)), flips)
 
     def weights(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         return np.array(self.W[start:stop])

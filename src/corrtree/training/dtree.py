@@ -43,23 +43,21 @@ class DTreeTrainer(TreeTrainer):
     def initial_fire_sets(self) -> tuple[np.ndarray, np.ndarray]:
         return transpose_csr(*self._query(), self.m)
 
-    def _outputs(self) -> np.ndarray:
+    def outputs(self) -> np.ndarray:
         indptr, idx = self._query()
         with self.timer("forward"):
             return outputs_from_products(
                 indptr, idx, self.tree.products, True, self.a, self.b, self.scale
             )
 
-    def step(self) -> dict[str, Any]:
-        u = self._outputs()
-        err, loss = self._loss(u)
-        indptr, idx = self.fire_i
+    def advance(self, err: np.ndarray) -> dict[str, Any]:
+        indptr, idx = self._query()
         flips = self._flips(self.prev_fire_i, self.fire_i)
         with self.timer("backward"):
             fire_r = transpose_csr(indptr, idx, self.m)
         moved = self._gradient_step(fire_r, err)
         self.prev_fire_i, self.fire_i = self.fire_i, None
-        return self._row(loss, idx.shape[0], moved.shape[0], flips)
+        return self._row(idx.shape[0], moved.shape[0], flips)
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         return self._tree_state(self.prev_fire_i)

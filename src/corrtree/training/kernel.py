@@ -158,7 +158,7 @@ class KernelTrainer(BandTrainer):
                 f"GiB for the {n * K}×{n * K} NTK matrix; use method='lazy'"
             )
         super()._prepare(W0, **options)
-        self.H = ntk_matrix(*self.store.firing_csr(), self.G, self.a)
+        self.H = ntk_matrix(*self.store.firing_csr(), self.G, self.a, self.width)
         self.P = 0.0
         self._count()
 
@@ -208,10 +208,9 @@ class KernelTrainer(BandTrainer):
     def ntk(self) -> np.ndarray:
         return self.H
 
-    def step(self) -> dict[str, Any]:
+    def advance(self, err: np.ndarray) -> dict[str, Any]:
         st = self.store
-        err, loss = self._loss(self.u)
-        stats = (loss, self.fired, self.moved, self.flips, self.entries)
+        stats = (self.fired, self.moved, self.flips, self.entries)
         with self.timer("forward"):
             self.u -= self.lr * (self.H @ err.ravel()).reshape(self.u.shape)
             st.E += err
@@ -250,7 +249,7 @@ class KernelTrainer(BandTrainer):
             self.G,
             self.b,
             self.scale,
-            float(self.m),
+            float(self.width),
         )
         self.fired += d_fired
         self.moved += d_moved

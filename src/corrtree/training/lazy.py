@@ -53,10 +53,9 @@ class LazyTrainer(BandTrainer):
         super()._restore(W0, arrays, scalars, sizes)
         self.moved = self.store.firing_neurons()  # as at the end of every step
 
-    def step(self) -> dict[str, Any]:
+    def advance(self, err: np.ndarray) -> dict[str, Any]:
         st = self.store
-        err, loss = self._loss(self.u)
-        stats = (loss, st.fired_pairs(), len(self.moved), self.flips, st.entries())
+        stats = (st.fired_pairs(), len(self.moved), self.flips, st.entries())
         with self.timer("query"):
             st.E += err
             nflips, again, _ = self._evaluate(self.moved, err, record=False)

@@ -41,14 +41,13 @@ class WTreeTrainer(TreeTrainer):
     def initial_fire_sets(self) -> tuple[np.ndarray, np.ndarray]:
         return self.fire_r
 
-    def _outputs(self) -> np.ndarray:
+    def outputs(self) -> np.ndarray:
         with self.timer("forward"):
             return outputs_from_products(
                 *self.fire_i, self.tree.products, False, self.a, self.b, self.scale
             )
 
-    def step(self) -> dict[str, Any]:
-        err, loss = self._loss(self._outputs())
+    def advance(self, err: np.ndarray) -> dict[str, Any]:
         idx = self.fire_r[1]
         flips = self._flips(self.prev_fire_r, self.fire_r)
         moved = self._gradient_step(self.fire_r, err)
@@ -56,7 +55,7 @@ class WTreeTrainer(TreeTrainer):
             self.prev_fire_r = self.fire_r
             self.fire_r = self.tree.query_all(self.b)
             self.fire_i = transpose_csr(*self.fire_r, self.X.shape[0])
-        return self._row(loss, idx.shape[0], moved.shape[0], flips)
+        return self._row(idx.shape[0], moved.shape[0], flips)
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         return self._tree_state(self.prev_fire_r)
