@@ -50,7 +50,7 @@ def _read(path):
 
 def _write(path, manifest, arrays, sign=True):
     if sign:
-        manifest["digest"] = ckpt._digest(manifest, arrays)
+        manifest["digest"] = ckpt.digest_of(manifest, arrays)
     np.savez(path, manifest=np.array(json.dumps(manifest)), **arrays)
 
 

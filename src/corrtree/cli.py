@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import signal
@@ -18,6 +19,7 @@ import numpy as np
 
 from . import __version__, _config, datasets, theory
 from ._io import atomic_write_json, atomic_write_text
+from .distributed import WorkerLost
 from .model import TwoLayerReLU
 from .training import METHODS, CheckpointError, History, TrainingDiverged, resume, train
 
@@ -163,6 +165,9 @@ class Progress:
             f"fired {_short(hist.fired_pairs[-1])}",
             f"{_short(rate)} it/s",
         ]
+        rss = hist.info.get("worker_peak_rss")
+        if rss:  # sharded: the largest worker's peak memory
+            parts.insert(2, f"mem {_short(max(rss))}B")
         if self._bar is not None:
             if self._bar.console.width < 70:  # narrow terminals: the essentials only
                 del parts[1]
@@ -243,7 +248,7 @@ def output_dir(path: Path, option: str) -> Path:
 
 def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
-        return _resume(Path(args.resume), args.quiet)
+        return _resume(Path(args.resume), args.quiet, args.workers, args.scheduler)
     out = output_dir(Path(args.out or f"corrtree-out/{Path(args.data).stem}"), "--out")
     if args.data not in BUILTIN_DATA:  # so that --resume works from any folder
         args.data = str(Path(args.data).resolve())
@@ -258,7 +263,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     settings = {k: v for k, v in vars(args).items() if k not in ("func", "resume")}
     atomic_write_json(out / "run.json", {**settings, "run_id": run_id, "finished": False})
     try:
-        with Progress(args.iters, args.method, args.quiet) as progress:
+        with (
+            cluster(args.workers, args.scheduler) as client,
+            Progress(args.iters, args.method, args.quiet) as progress,
+        ):
             hist = train(
                 model,
                 ds.X_train,
@@ -271,10 +279,49 @@ def cmd_train(args: argparse.Namespace) -> int:
                 checkpoint_every=args.checkpoint_every,
                 run_id=run_id,
                 lr_retries=_config.LR_RETRIES if lr == "auto" else 0,
+                client=client,
             )
     except KeyboardInterrupt as exc:
         raise _interrupted(exc, out) from None
+    except WorkerLost as exc:
+        raise _lost(exc, out) from None
     return _finish(out, model, hist, ds, {**settings, "run_id": run_id}, {})
+
+
+@contextlib.contextmanager
+def cluster(workers: int | None, scheduler: str | None):
+    """A Dask client for ``--workers N`` (a LocalCluster on 127.0.0.1, no dashboard)
+    or ``--scheduler ADDRESS`` (an existing cluster); ``None`` without either."""
+    if workers is None and scheduler is None:
+        yield None
+        return
+    if workers is not None and scheduler is not None:
+        raise CliError("give --workers or --scheduler, not both")
+    try:
+        from dask.distributed import Client
+    except ImportError:
+        raise CliError(
+            "--workers and --scheduler need dask.distributed: pip install 'corrtree[distributed]'"
+        ) from None
+    from .distributed import local_client
+
+    try:
+        client = local_client(workers) if workers is not None else Client(scheduler, timeout=30)
+    except OSError as exc:
+        raise CliError(f"cannot reach the Dask scheduler {scheduler}: {exc}") from None
+    try:
+        yield client
+    finally:
+        cluster_ = client.cluster
+        client.close()
+        if workers is not None and cluster_ is not None:
+            cluster_.close()
+
+
+def _lost(exc: Exception, out: Path) -> CliError:
+    has = (out / "checkpoint.npz").is_file()
+    hint = f"; continue with: corrtree train --resume {out}" if has else ""
+    return CliError(f"{exc}{hint}")
 
 
 def _interrupted(exc: KeyboardInterrupt, out: Path) -> KeyboardInterrupt:
@@ -296,6 +343,9 @@ def _finish(
 ) -> int:
     """Write the results of a finished run and retire its checkpoint."""
     extra = {**extra, "lr_halvings": hist.info.get("lr_halvings", 0)}
+    if hist.info.get("worker_peak_rss"):
+        extra["workers"] = len(hist.info["worker_peak_rss"])
+        extra["worker_peak_rss_gib"] = [r / 2**30 for r in hist.info["worker_peak_rss"]]
     summary = write_outputs(out, model, hist, ds, extra)
     atomic_write_json(out / "run.json", {**run, "finished": True})
     print(f"wrote {out}/ (model.npz, history.json, history.csv, report.html, figures)")
@@ -303,7 +353,7 @@ def _finish(
     return 0
 
 
-def _resume(out: Path, quiet: bool) -> int:
+def _resume(out: Path, quiet: bool, workers: int | None, scheduler: str | None) -> int:
     run_file = out / "run.json"
     if not run_file.is_file():
         raise CliError(f"{out} has no run.json: not a folder written by corrtree train")
@@ -320,13 +370,22 @@ def _resume(out: Path, quiet: bool) -> int:
     if not ck.is_file():
         raise CliError(f"{out} has no checkpoint: the run stopped before its first one")
     ds = load_data(data, seed, test_size, normalize, task, args.header)
+    if workers is None and scheduler is None:  # the run's own cluster, unless told otherwise
+        workers, scheduler = run.get("workers"), run.get("scheduler")
     try:
-        with Progress(iters, "resuming", quiet) as progress:
+        with cluster(workers, scheduler) as client, Progress(iters, "resuming", quiet) as progress:
             model, hist = resume(
-                ck, ds.X_train, ds.y_train, callback=progress, run_id=run.get("run_id")
+                ck,
+                ds.X_train,
+                ds.y_train,
+                callback=progress,
+                run_id=run.get("run_id"),
+                client=client,
             )
     except KeyboardInterrupt as exc:
         raise _interrupted(exc, out) from None
+    except WorkerLost as exc:
+        raise _lost(exc, out) from None
     return _finish(out, model, hist, ds, run, {"resumed": True})
 
 
@@ -629,7 +688,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--resume",
         metavar="DIR",
-        help="continue the run saved in DIR (other options are read from DIR)",
+        help="continue the run saved in DIR (other options are read from DIR; --workers or "
+        "--scheduler may change where it runs)",
+    )
+    p.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=None,
+        help="shard the neurons over N local worker processes (Dask LocalCluster "
+        "on 127.0.0.1, no dashboard); needs corrtree[distributed]",
+    )
+    p.add_argument(
+        "--scheduler",
+        metavar="tcp://HOST:PORT",
+        default=None,
+        help="shard the neurons over the workers of an existing Dask cluster",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
@@ -722,6 +795,7 @@ def main(argv: list[str] | None = None) -> int:
         FileNotFoundError,
         ImportError,
         OSError,
+        WorkerLost,
     ) as exc:
         print(f"corrtree: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_ERROR

@@ -297,6 +297,10 @@ class Prepared:
     def info(self) -> dict[str, Any]:
         return self._trainer.info
 
+    @property
+    def width(self) -> int:
+        return self._trainer.width
+
     def start(self, lr: float) -> Trainer:
         """The trainer, complete, with learning rate ``lr``."""
         trainer, self._trainer = self._trainer, None

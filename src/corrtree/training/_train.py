@@ -21,7 +21,7 @@ from ..model import TwoLayerReLU, as_targets
 from ._base import Trainer
 from ._registry import METHODS, TRAINERS
 from ._state import CheckpointError
-from .checkpoint import data_digest, load_checkpoint, read_manifest, save_checkpoint
+from .checkpoint import FORMAT, data_digest, load_checkpoint, read_manifest, save_checkpoint
 from .costs import coherence, estimate, fire_share
 from .history import History
 
@@ -96,6 +96,8 @@ def train(
     checkpoint_every: int = 0,
     lr_retries: int = 0,
     run_id: str | None = None,
+    client: Any = None,
+    shards: int | None = None,
     **options: Any,
 ) -> History:
     """Train ``model.W`` by full-batch gradient descent.
@@ -145,6 +147,13 @@ def train(
         start again, up to this many times (``History.info["lr_halvings"]``).
     run_id : str, optional
         Identifies the run in its checkpoints (default: a new random id).
+    client : dask.distributed.Client, optional
+        Shard the neurons over the client's workers, one contiguous slice each
+        (:mod:`corrtree.distributed`); every iteration moves only ``nK``-sized
+        vectors.  ``method`` must then be a method, not ``"auto"``.
+    shards : int, optional
+        Number of shards (default: one per worker; without a client, shards
+        in this process, which gives the sharded trajectory on one machine).
     **options
         Method options (e.g. ``block`` for ``"dense"``, ``band`` for
         ``"lazy"``/``"kernel"``).
@@ -165,6 +174,10 @@ def train(
         raise ValueError(f"patience must be an integer >= 1, got {patience!r}")
     checkpoint_every = _check_iters(checkpoint_every, "checkpoint_every")
     lr_retries = _check_iters(lr_retries, "lr_retries")
+    if shards is not None and (
+        isinstance(shards, bool) or not isinstance(shards, int) or shards < 1
+    ):
+        raise ValueError(f"shards must be an integer >= 1, got {shards!r}")
     if run_id is not None and not isinstance(run_id, str):
         raise ValueError(f"run_id must be a string, got {run_id!r}")
     meta = {
@@ -178,32 +191,58 @@ def train(
         remove_stale_temporaries(checkpoint)
     rate = lr
     for halvings in range(lr_retries + 1):
-        t0 = time.perf_counter()
-        info: dict[str, Any] = {}
-        G = X @ X.T
-        chosen = method
-        if method == "auto":
-            chosen, info["costs"] = choose_method(X, G, model, iters)
-            info["auto"] = True
-        trainer = TRAINERS[chosen](model, X, Y, G, rate, **options)
-        hist = History(
-            method=chosen,
-            lr=trainer.lr,
-            n=X.shape[0],
-            m=model.m,
-            d=X.shape[1],
-            outputs=model.outputs,
-            b=model.b,
-            preprocess_time=time.perf_counter() - t0,
-            info={**info, **trainer.info, "lr_auto": lr == "auto", "lr_halvings": halvings},
-        )
         try:
+            if client is not None or shards is not None:
+                from ..distributed import train_sharded
+
+                meta["lr_auto"] = lr == "auto"
+                if method == "auto":  # the cost model of one process picks the method
+                    method = choose_method(X, X @ X.T, model, iters)[0]
+                hist = train_sharded(
+                    model, X, Y, method, rate, meta, client, callback, checkpoint, options, shards
+                )
+                hist.info["lr_halvings"] = halvings
+                return hist
+            trainer, hist = _make(method, model, X, Y, rate, iters, options, halvings, lr == "auto")
             return _run(model, trainer, hist, meta, callback, checkpoint)
         except TrainingDiverged as exc:
             if lr != "auto" or halvings == lr_retries:
                 raise
             rate = exc.lr / 2  # 1/λ_max assumes fire sets that barely change
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _make(
+    method: str,
+    model: TwoLayerReLU,
+    X: np.ndarray,
+    Y: np.ndarray,
+    lr: float | str,
+    iters: int,
+    options: dict[str, Any],
+    halvings: int,
+    lr_auto: bool,
+) -> tuple[Trainer, History]:
+    """The trainer of a one-process run (preprocessing, ``lr``) and its empty History."""
+    t0 = time.perf_counter()
+    info: dict[str, Any] = {}
+    G = X @ X.T
+    if method == "auto":
+        method, info["costs"] = choose_method(X, G, model, iters)
+        info["auto"] = True
+    trainer = TRAINERS[method](model, X, Y, G, lr, **options)
+    hist = History(
+        method=method,
+        lr=trainer.lr,
+        n=X.shape[0],
+        m=model.m,
+        d=X.shape[1],
+        outputs=model.outputs,
+        b=model.b,
+        preprocess_time=time.perf_counter() - t0,
+        info={**info, **trainer.info, "lr_auto": lr_auto, "lr_halvings": halvings},
+    )
+    return trainer, hist
 
 
 def resume(
@@ -215,6 +254,8 @@ def resume(
     iters: int | None = None,
     checkpoint: str | os.PathLike | None = None,
     run_id: str | None = None,
+    client: Any = None,
+    shards: int | None = None,
 ) -> tuple[TwoLayerReLU, History]:
     """Continue a run from a checkpoint written by :func:`train`.
 
@@ -223,7 +264,10 @@ def resume(
     data of the checkpoint (checked by a SHA-256 digest).  ``iters`` is the
     total number of iterations (default: the checkpointed run's).  Further
     checkpoints go to ``checkpoint`` (default: ``path``).  With ``run_id``,
-    the checkpoint must belong to that run.
+    the checkpoint must belong to that run.  A sharded checkpoint resumes on
+    ``client``'s workers (or in this process without one): bit for bit with
+    the same number of shards, from ``W(t)`` with another (``shards``: how
+    many; default one per worker, or as many as the checkpoint has).
 
     Returns
     -------
@@ -232,8 +276,12 @@ def resume(
     history : History
         The whole history, from iteration 0.
     """
+    from ..distributed import SHARDED_FORMAT, resume_sharded
+
     remove_stale_temporaries(path)
-    manifest = read_manifest(path)
+    manifest = read_manifest(path, (FORMAT, SHARDED_FORMAT))
+    if not isinstance(manifest.get("meta"), dict):
+        raise CheckpointError(f"{path}: the manifest has no run metadata")
     if run_id is not None and manifest["meta"].get("run_id") != run_id:
         raise CheckpointError(
             f"{path} belongs to another run (id "
@@ -247,6 +295,18 @@ def resume(
     if not isinstance(outputs, int) or outputs < 1:
         raise CheckpointError(f"{path}: bad history (outputs {outputs!r})")
     Y = as_targets(y, Xc.shape[0], outputs)
+    if manifest["format"] == SHARDED_FORMAT:
+        return resume_sharded(
+            path,
+            manifest,
+            Xc,
+            Y,
+            client,
+            callback,
+            checkpoint,
+            None if iters is None else _check_iters(iters),
+            shards,
+        )
     model, trainer, hist, meta = load_checkpoint(path, Xc, Y, Xc @ Xc.T)
     if iters is not None:
         meta["iters"] = _check_iters(iters)

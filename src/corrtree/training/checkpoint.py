@@ -30,7 +30,15 @@ from ._registry import TRAINERS
 from ._state import CheckpointError
 from .history import History
 
-__all__ = ["FORMAT", "CheckpointError", "data_digest", "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "FORMAT",
+    "CheckpointError",
+    "data_digest",
+    "digest_of",
+    "load_checkpoint",
+    "model_from_arrays",
+    "save_checkpoint",
+]
 
 FORMAT = "corrtree.checkpoint/2"
 _STATE = "state_"  # prefix of the trainer's arrays among the members
@@ -46,7 +54,7 @@ def data_digest(X: np.ndarray, Y: np.ndarray) -> str:
     return h.hexdigest()
 
 
-def _digest(manifest: dict[str, Any], arrays: dict[str, np.ndarray]) -> str:
+def digest_of(manifest: dict[str, Any], arrays: dict[str, np.ndarray]) -> str:
     """BLAKE2b of the manifest (without its digest) and of every array."""
     h = hashlib.blake2b(digest_size=32)
     h.update(
@@ -65,8 +73,8 @@ def save_checkpoint(
     trainer: Trainer,
     history: History,
     meta: dict[str, Any],
-) -> None:
-    """Write the run's state to ``path`` atomically."""
+) -> str:
+    """Write the run's state to ``path`` atomically; returns the file's digest."""
     state, scalars = trainer.state()
     arrays = {
         "model_W": model.W,
@@ -78,20 +86,31 @@ def save_checkpoint(
         "trainer": trainer.name,
         "schema": trainer.SCHEMA.version,
         "lr": trainer.lr,
+        "width": trainer.width,
         "b": model.b,
         "squeeze": model.a.ndim == 1,
         "scalars": scalars,
         "history": history.as_dict(),
         "meta": meta,
     }
-    manifest["digest"] = _digest(manifest, arrays)
+    manifest["digest"] = digest_of(manifest, arrays)
     atomic_savez(path, manifest=np.array(json.dumps(manifest)), **arrays)
+    return manifest["digest"]
 
 
-def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
-    """The manifest of the checkpoint at ``path`` (format checked, nothing else)."""
+def read_manifest(path: str | os.PathLike, formats: tuple[str, ...] = (FORMAT,)) -> dict[str, Any]:
+    """The manifest of the checkpoint at ``path``; its format must be one of ``formats``
+    (a one-process checkpoint checks its entries too)."""
     with _open(path) as data:
-        return _manifest(path, data)
+        try:
+            raw = json.loads(str(data["manifest"]))
+        except (KeyError, OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:
+            raise CheckpointError(f"{path} is not a corrtree checkpoint ({exc})") from exc
+        if not isinstance(raw, dict) or raw.get("format") not in formats:
+            raise CheckpointError(
+                f"{path} is not a corrtree checkpoint of format {' or '.join(formats)}"
+            )
+        return _manifest(path, data) if raw["format"] == FORMAT else raw
 
 
 def load_checkpoint(
@@ -111,7 +130,7 @@ def load_checkpoint(
             arrays = {k: np.array(data[k]) for k in data.files if k != "manifest"}
         except (OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:
             raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
-    if manifest.get("digest") != _digest(manifest, arrays):
+    if manifest.get("digest") != digest_of(manifest, arrays):
         raise CheckpointError(f"checkpoint {path} is damaged (its digest does not match)")
     meta = manifest["meta"]
     if meta.get("data_digest") != data_digest(X, Y):
@@ -125,13 +144,16 @@ def load_checkpoint(
             f"{cls.name!r} is not {cls.SCHEMA.version} (written by another "
             "corrtree version)"
         )
-    model = _model(path, arrays, manifest, X.shape[1], Y.shape[1])
+    model = model_from_arrays(path, arrays, manifest, X.shape[1], Y.shape[1])
     try:
         history = History.from_dict(manifest["history"])
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise CheckpointError(f"{path}: bad history ({exc})") from exc
     state = {k[len(_STATE) :]: v for k, v in arrays.items() if k.startswith(_STATE)}
-    trainer = cls.restore(model, X, Y, G, manifest["lr"], state, manifest["scalars"])
+    width = manifest.get("width", model.m)
+    if isinstance(width, bool) or not isinstance(width, int) or width < model.m:
+        raise CheckpointError(f"{path}: manifest entry 'width' must be an integer >= m")
+    trainer = cls.restore(model, X, Y, G, manifest["lr"], state, manifest["scalars"], width)
     return model, trainer, history, meta
 
 
@@ -178,13 +200,15 @@ def _manifest(path: str | os.PathLike, data: Any) -> dict[str, Any]:
     return manifest
 
 
-def _model(
+def model_from_arrays(
     path: str | os.PathLike,
     arrays: dict[str, np.ndarray],
     manifest: dict[str, Any],
     d: int,
     outputs: int,
 ) -> TwoLayerReLU:
+    """The model of a checkpoint from its ``model_W``, ``model_a`` (float64, shapes that
+    fit ``d`` and ``outputs``) and the manifest's ``b``; CheckpointError otherwise."""
     W, a = arrays.get("model_W"), arrays.get("model_a")
     if W is None or a is None:
         raise CheckpointError(f"{path}: the model's arrays are missing")

@@ -1,0 +1,572 @@
+"""Exact training with the neurons sharded over a Dask cluster.
+
+Each worker owns a contiguous slice of neurons: a :class:`Shard` (a Dask actor,
+so its state stays on its worker) holds the slice's weights and the method's
+whole state -- trees, anchored products, tracked pairs, its share of the NTK
+matrix.  The neurons are independent given the error, so one iteration moves
+only vectors of length ``nK``: the driver sends ``err = u - Y`` to every shard
+and receives each shard's share of the next outputs ``u`` (the kernel method's
+share already holds its ``H_s·err`` and flip corrections).  The sum over
+shards is the single-process trajectory up to rounding.
+
+``W`` never travels during training: each shard receives its rows once and
+the model gets ``W(T)`` block by block at the end.  A checkpoint is one
+atomic manifest plus one file per shard; resuming with the same shards
+restores every state bit for bit, with another number of workers each new
+shard starts from ``W(t)`` of the old shards that cover its neurons (the same
+trajectory, exact up to rounding).  A worker that dies stops the run with a
+one-line :class:`WorkerLost` that names the checkpoint to resume from.
+
+Needs ``dask.distributed`` (``pip install 'corrtree[distributed]'``) only for
+a Dask client; the same driver runs shards in this process without it.
+See ``docs/distributed.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import _config
+from ._io import atomic_savez, remove_stale_temporaries
+from .model import TwoLayerReLU
+from .training._base import PHASES, Trainer
+from .training._ntk import lr_from_lambda, ntk_matrix, ntk_matvec, top_eigenvalue
+from .training._registry import TRAINERS
+from .training._state import CheckpointError
+from .training._train import STOP_SIGNALS, check_divergence
+from .training.checkpoint import (
+    data_digest,
+    digest_of,
+    load_checkpoint,
+    model_from_arrays,
+    read_manifest,
+    save_checkpoint,
+)
+from .training.history import History
+
+__all__ = [
+    "SHARDED_FORMAT",
+    "Shard",
+    "WorkerLost",
+    "local_client",
+    "resume_sharded",
+    "train_sharded",
+]
+
+SHARDED_FORMAT = "corrtree.sharded-checkpoint/1"
+_STATS = ("fired_pairs", "moved_neurons", "flips", "band_pairs", "reanchored")
+
+
+class WorkerLost(RuntimeError):
+    """A worker holding a shard stopped answering; the message names the checkpoint."""
+
+
+def _peak_rss() -> int:
+    """Peak resident memory of this process, bytes."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+class Shard:
+    """The neurons ``start:stop`` of a network of ``width`` and their trainer.
+
+    Created empty on a worker (as a Dask actor) and given its neurons by
+    :meth:`prepare`, :meth:`restore` or :meth:`warm`; afterwards every call
+    moves at most ``nK``-sized vectors (the rows of ``W`` come only at the
+    end, from :meth:`weights`).
+    """
+
+    def __init__(self) -> None:
+        self.trainer: Trainer | None = None
+        self._prepared = None
+
+    # -- building --------------------------------------------------------------------
+    def prepare(
+        self,
+        method: str,
+        X: np.ndarray,
+        Y: np.ndarray,
+        W: np.ndarray,
+        a: np.ndarray,
+        b: float,
+        width: int,
+        options: dict[str, Any],
+    ) -> dict:
+        """Preprocess the slice (``W``, ``a`` its rows); the learning rate comes later."""
+        self._data(X, Y)
+        self.model = TwoLayerReLU(W, a, b)
+        self._prepared = TRAINERS[method].prepare(
+            self.model, self.X, self.Y, self.G, width, **options
+        )
+        return dict(self._prepared.info)
+
+    def ntk(self, dense: bool) -> np.ndarray | None:
+        """This slice's share of the NTK matrix at ``W(0)`` (dense), or ``None`` after
+        readying :meth:`ntk_matvec`."""
+        indptr, idx = self._prepared.initial_fire_sets()
+        width = self._prepared.width
+        if dense:
+            H = self._prepared.ntk()
+            return (
+                ntk_matrix(indptr, idx, self.G, self.model.output_weights, width)
+                if H is None
+                else H
+            )
+        self._matvec = ntk_matvec(indptr, idx, self.G, np.array(self.model.output_weights), width)
+        return None
+
+    def ntk_matvec(self, v: np.ndarray) -> np.ndarray:
+        """This slice's share of ``H v``."""
+        return self._matvec(v)
+
+    def start(self, lr: float) -> np.ndarray:
+        """Begin training at ``lr``; returns the slice's share of ``u(0)``."""
+        self.trainer = self._prepared.start(lr)
+        self._prepared = self._matvec = None
+        return self.trainer.outputs()
+
+    def restore(self, path: str, X: np.ndarray, Y: np.ndarray) -> np.ndarray:
+        """Take the exact state of a shard file; returns the slice's share of ``u``."""
+        self._data(X, Y)
+        self.model, self.trainer, _, _ = load_checkpoint(path, self.X, self.Y, self.G)
+        return self.trainer.outputs()
+
+    def warm(
+        self,
+        method: str,
+        pieces: list[tuple[str, int, int]],
+        X: np.ndarray,
+        Y: np.ndarray,
+        width: int,
+        lr: float,
+        options: dict[str, Any],
+    ) -> np.ndarray:
+        """Start from ``W(t)`` of old shards: ``pieces`` are ``(file, first, last)``, the
+        rows of each old shard file that belong to this slice, in order."""
+        self._data(X, Y)
+        rows, a = [], []
+        for path, first, last in pieces:
+            model, trainer, _, _ = load_checkpoint(path, self.X, self.Y, self.G)
+            rows.append(trainer.weights(first, last))
+            a.append(np.array(model.output_weights[first:last]))
+            b = model.b
+            del model, trainer
+        self.model = TwoLayerReLU(np.concatenate(rows), np.concatenate(a), b)
+        prepared = TRAINERS[method].prepare(self.model, self.X, self.Y, self.G, width, **options)
+        self.trainer = prepared.start(lr)
+        return self.trainer.outputs()
+
+    def _data(self, X: np.ndarray, Y: np.ndarray) -> None:
+        self.X, self.Y = X, Y
+        self.G = X @ X.T
+
+    # -- training ----------------------------------------------------------------------
+    def advance(self, err: np.ndarray) -> tuple[dict[str, Any], np.ndarray, int]:
+        """One step: the History row (no loss), the share of ``u(t+1)``, peak RSS."""
+        row = self.trainer.advance(err)
+        return row, self.trainer.outputs(), _peak_rss()
+
+    def final_outputs(self) -> np.ndarray:
+        return self.trainer.outputs()
+
+    def weights(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` (slice-local) of the current weights."""
+        return self.trainer.weights(start, stop)
+
+    def save(self, path: str, meta: dict[str, Any]) -> str:
+        """Write this shard's exact state to ``path`` (atomic); returns its digest."""
+        history = History(
+            method=self.trainer.name,
+            lr=self.trainer.lr,
+            n=self.X.shape[0],
+            m=self.model.m,
+            d=self.model.d,
+            outputs=self.model.outputs,
+            b=self.model.b,
+        )
+        return save_checkpoint(path, self.model, self.trainer, history, meta)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+# ---------------------------------------------------------------------------------------
+# Where the shards live: Dask actors, or objects in this process
+# ---------------------------------------------------------------------------------------
+
+
+class _Actors:
+    """Shards as Dask actors, one per worker; calls wait without hanging on a dead worker."""
+
+    def __init__(self, client: Any, count: int) -> None:
+        workers = list(client.scheduler_info()["workers"])
+        if not workers:
+            raise ValueError("the Dask client has no workers")
+        self.client = client
+        self.workers = [workers[k % len(workers)] for k in range(count)]
+        futures = [client.submit(Shard, actor=True, workers=[w], pure=False) for w in self.workers]
+        self.shards = [f.result() for f in futures]
+
+    def call(self, method: str, args: list[tuple]) -> list[Any]:
+        futures = [getattr(s, method)(*a) for s, a in zip(self.shards, args, strict=True)]
+        out = []
+        for k, fut in enumerate(futures):
+            while True:
+                try:
+                    out.append(fut.result(timeout=1.0))
+                    break
+                except TimeoutError:
+                    if self.workers[k] not in self.client.scheduler_info()["workers"]:
+                        raise WorkerLost(f"worker {self.workers[k]} is gone") from None
+                except OSError as exc:
+                    raise WorkerLost(f"worker {self.workers[k]} is gone ({exc})") from None
+        return out
+
+    def memory(self) -> list[dict[str, Any]]:
+        return [{"worker": w} for w in self.workers]
+
+
+class _InProcess:
+    """Shards as objects of this process (no Dask): the same driver, e.g. to resume a
+    sharded checkpoint on one machine."""
+
+    def __init__(self, count: int) -> None:
+        self.shards = [Shard() for _ in range(count)]
+        self.workers = ["this process"] * count
+
+    def call(self, method: str, args: list[tuple]) -> list[Any]:
+        return [getattr(s, method)(*a) for s, a in zip(self.shards, args, strict=True)]
+
+
+def _slices(m: int, count: int) -> list[tuple[int, int]]:
+    """``count`` contiguous slices of ``m`` neurons, sizes differing by at most one."""
+    bounds = np.linspace(0, m, count + 1).round().astype(int)
+    return [(int(bounds[k]), int(bounds[k + 1])) for k in range(count)]
+
+
+def local_client(workers: int, threads: int = 1):
+    """A ``LocalCluster`` of ``workers`` processes bound to 127.0.0.1 (no dashboard),
+    each limited to ``threads`` threads (numba and BLAS included), and its client."""
+    from dask.distributed import Client, LocalCluster
+
+    limit = str(threads)
+    env = {
+        "NUMBA_NUM_THREADS": limit,
+        "OMP_NUM_THREADS": limit,
+        "OPENBLAS_NUM_THREADS": limit,
+        "MKL_NUM_THREADS": limit,
+        "OPENBLAS_THREAD_TIMEOUT": "4",
+    }
+    cluster = LocalCluster(
+        n_workers=workers,
+        threads_per_worker=threads,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address=None,
+        env=env,
+    )
+    return Client(cluster)
+
+
+# ---------------------------------------------------------------------------------------
+# The driver
+# ---------------------------------------------------------------------------------------
+
+
+def train_sharded(
+    model: TwoLayerReLU,
+    X: np.ndarray,
+    Y: np.ndarray,
+    method: str,
+    lr: float | str,
+    meta: dict[str, Any],
+    client: Any,
+    callback: Callable | None,
+    checkpoint: Any,
+    options: dict[str, Any],
+    shards: int | None = None,
+) -> History:
+    """:func:`corrtree.train` with ``client``: one shard per worker (or ``shards``)."""
+    if method not in TRAINERS:
+        raise ValueError(
+            f"method must be one of {', '.join(TRAINERS)} with a client "
+            f"(not 'auto'), got {method!r}"
+        )
+    t0 = time.perf_counter()
+    if shards is None:
+        shards = len(client.scheduler_info()["workers"]) if client is not None else 1
+    count = max(1, min(shards, model.m))
+    pool = _Actors(client, count) if client is not None else _InProcess(count)
+    slices = _slices(model.m, count)
+    W, a = model.W, model.output_weights
+    infos = pool.call(
+        "prepare",
+        [
+            (method, X, Y, np.array(W[s:e]), np.array(a[s:e]), model.b, model.m, options)
+            for s, e in slices
+        ],
+    )
+    t_lr = time.perf_counter()
+    if lr == "auto":
+        order = X.shape[0] * model.outputs
+        if order <= _config.NTK_DENSE_EIG_LIMIT:
+            H = sum(pool.call("ntk", [(True,)] * count))
+            lam = top_eigenvalue(order, H=H)
+        else:
+            pool.call("ntk", [(False,)] * count)
+            lam = top_eigenvalue(order, lambda v: sum(pool.call("ntk_matvec", [(v,)] * count)))
+        lr = lr_from_lambda(lam)
+    info = {
+        **infos[0],
+        "lr_s": time.perf_counter() - t_lr,
+        "shards": count,
+        "workers": pool.workers,
+        "slices": slices,
+    }
+    parts = pool.call("start", [(lr,)] * count)
+    hist = History(
+        method=method,
+        lr=float(lr),
+        n=X.shape[0],
+        m=model.m,
+        d=X.shape[1],
+        outputs=model.outputs,
+        b=model.b,
+        preprocess_time=time.perf_counter() - t0,
+        info={**info, "lr_auto": meta.get("lr_auto", False)},
+    )
+    return _drive(
+        model, Y, pool, slices, parts, hist, {**meta, "options": options}, callback, checkpoint
+    )
+
+
+def resume_sharded(
+    path: Any,
+    manifest: dict[str, Any],
+    X: np.ndarray,
+    Y: np.ndarray,
+    client: Any,
+    callback: Callable | None,
+    checkpoint: Any,
+    iters: int | None,
+    shards: int | None = None,
+) -> tuple[TwoLayerReLU, History]:
+    """Continue a sharded run: bit for bit with the same shards, from ``W(t)`` otherwise."""
+    path = Path(path)
+    _check_manifest(path, manifest)
+    meta = dict(manifest["meta"])
+    if meta.get("data_digest") != data_digest(X, Y):
+        raise CheckpointError(f"{path} was written for different training data")
+    files = [path.parent / s["file"] for s in manifest["shards"]]
+    old = [(int(s["start"]), int(s["stop"])) for s in manifest["shards"]]
+    for f, shard in zip(files, manifest["shards"], strict=True):
+        if not f.is_file():
+            raise CheckpointError(f"{path}: shard file {f.name} is missing")
+        if read_manifest(f).get("digest") != shard.get("digest"):
+            raise CheckpointError(
+                f"{path}: shard file {f.name} is not the one the manifest recorded"
+            )
+    m = old[-1][1]
+    if shards is None:
+        shards = len(client.scheduler_info()["workers"]) if client is not None else len(old)
+    count = max(1, min(shards, m))
+    pool = _Actors(client, count) if client is not None else _InProcess(count)
+    slices = _slices(m, count)
+    if slices == old:
+        parts = pool.call("restore", [(str(f), X, Y) for f in files])
+    else:
+        pieces = [
+            [
+                (str(f), max(s, os_) - os_, min(e, oe) - os_)
+                for f, (os_, oe) in zip(files, old, strict=True)
+                if os_ < e and oe > s
+            ]
+            for s, e in slices
+        ]
+        parts = pool.call(
+            "warm",
+            [(manifest["method"], p, X, Y, m, manifest["lr"], manifest["options"]) for p in pieces],
+        )
+    hist = History.from_dict(manifest["history"])
+    arrays = _arrays(path)
+    if manifest.get("digest") != digest_of(manifest, arrays):
+        raise CheckpointError(f"checkpoint {path} is damaged (its digest does not match)")
+    model = model_from_arrays(path, arrays, manifest, X.shape[1], Y.shape[1])
+    if iters is not None:
+        meta["iters"] = iters
+    hist.info.update(shards=count, workers=pool.workers, slices=slices)
+    return model, _drive(model, Y, pool, slices, parts, hist, meta, callback, checkpoint or path)
+
+
+def _check_manifest(path: Path, manifest: dict[str, Any]) -> None:
+    """The entries of a sharded manifest, before anything uses them."""
+    kinds = {
+        "method": str,
+        "lr": float,
+        "b": float,
+        "squeeze": bool,
+        "options": dict,
+        "shards": list,
+        "history": dict,
+        "meta": dict,
+    }
+    for key, kind in kinds.items():
+        value = manifest.get(key)
+        ok = (
+            isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            if kind is float
+            else isinstance(value, kind)
+        )
+        if not ok:
+            raise CheckpointError(f"{path}: manifest entry {key!r} must be a {kind.__name__}")
+    if manifest["method"] not in TRAINERS or not manifest["lr"] > 0 or not manifest["shards"]:
+        raise CheckpointError(f"{path}: bad method, learning rate or shard list")
+    edge = 0
+    for shard in manifest["shards"]:
+        if not (
+            isinstance(shard, dict)
+            and isinstance(shard.get("file"), str)
+            and Path(shard["file"]).name == shard["file"]
+            and shard.get("start") == edge
+            and isinstance(shard.get("stop"), int)
+            and not isinstance(shard.get("stop"), bool)
+            and shard["stop"] > edge
+        ):
+            raise CheckpointError(
+                f"{path}: the shard list must cover the neurons in order, with plain file names"
+            )
+        edge = shard["stop"]
+    try:
+        History.from_dict(manifest["history"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CheckpointError(f"{path}: bad history ({exc})") from exc
+
+
+def _arrays(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as data:
+        return {k: np.array(data[k]) for k in data.files if k != "manifest"}
+
+
+def _drive(model, Y, pool, slices, parts, hist, meta, callback, checkpoint) -> History:
+    """The iterations from ``len(hist)`` to ``meta["iters"]``, then ``W(T)`` into ``model``."""
+    count = len(slices)
+    stop: list[int] = []
+
+    def on_signal(signum, frame):
+        stop.append(signum)
+
+    use_signal = checkpoint is not None and threading.current_thread() is threading.main_thread()
+    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS} if use_signal else {}
+    rss = [0] * count
+    last_saved = None
+    t = len(hist) - 1
+    try:
+        u = sum(parts)
+        for t in range(len(hist), meta["iters"]):
+            t0 = time.perf_counter()
+            err = u - Y
+            loss = 0.5 * float(np.einsum("ik,ik->", err, err))
+            results = pool.call("advance", [(err,)] * count)
+            rows = [r[0] for r in results]
+            u = sum(r[1] for r in results)
+            rss = [max(a, r[2]) for a, r in zip(rss, results, strict=True)]
+            row = {k: sum(r[k] for r in rows) for k in _STATS}
+            times = {f"time_{p}": max(r[f"time_{p}"] for r in rows) for p in PHASES}
+            # what the slowest shard did not spend, the driver spent moving vectors
+            times["time_forward"] += max(0.0, time.perf_counter() - t0 - sum(times.values()))
+            hist.append(loss=loss, **row, **times)
+            hist.info["worker_peak_rss"] = rss
+            check_divergence(hist, hist.lr, meta["patience"])
+            if callback is not None and callback(t, hist) is False:
+                break
+            every = meta["checkpoint_every"]
+            if checkpoint is not None and (stop or (every and (t + 1) % every == 0)):
+                last_saved = _save(Path(checkpoint), pool, slices, model, hist, meta)
+            if stop:
+                raise KeyboardInterrupt(
+                    f"interrupted after iteration {t}; state saved to {checkpoint}"
+                )
+        hist.final_loss = 0.5 * float(
+            np.sum((sum(pool.call("final_outputs", [()] * count)) - Y) ** 2)
+        )
+        check_divergence(hist, hist.lr, meta["patience"])
+        _gather_weights(model, pool, slices)
+    except WorkerLost as exc:
+        where = (
+            f"resume from the checkpoint {checkpoint} (iteration {last_saved})"
+            if last_saved is not None
+            else f"resume from {checkpoint} if an earlier checkpoint is there"
+            if checkpoint is not None
+            else "no checkpoint was written"
+        )
+        raise WorkerLost(f"{exc} at iteration {t + 1}; {where}") from None
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return hist
+
+
+def _gather_weights(model: TwoLayerReLU, pool, slices) -> None:
+    """``W(T)`` into the model, one block of rows of one shard at a time."""
+    block = _config.block_rows(8 * model.d, model.m, _config.MODEL_BLOCK_BYTES)
+    for k, (s, e) in enumerate(slices):
+        for lo in range(0, e - s, block):
+            model.set_weights(_one(pool, k, "weights", (lo, min(lo + block, e - s))), start=s + lo)
+
+
+def _one(pool, k: int, method: str, args: tuple) -> Any:
+    """Call one shard only."""
+    if isinstance(pool, _Actors):
+        fut = getattr(pool.shards[k], method)(*args)
+        try:
+            return fut.result()
+        except OSError as exc:
+            raise WorkerLost(f"worker {pool.workers[k]} is gone ({exc})") from None
+    return getattr(pool.shards[k], method)(*args)
+
+
+def _save(
+    path: Path, pool, slices, model: TwoLayerReLU, hist: History, meta: dict[str, Any]
+) -> int:
+    """One file per shard, then the manifest (atomic), then the older shard files go."""
+    remove_stale_temporaries(path)
+    t = len(hist)
+    tag = uuid.uuid4().hex[:8]
+    names = [f"{path.stem}.t{t}-{tag}.shard{k}.npz" for k in range(len(slices))]
+    digests = pool.call(
+        "save", [(str(path.parent / name), {**meta, "shard": k}) for k, name in enumerate(names)]
+    )
+    manifest = {
+        "format": SHARDED_FORMAT,
+        "method": hist.method,
+        "lr": hist.lr,
+        "b": model.b,
+        "squeeze": model.a.ndim == 1,
+        "options": meta["options"],
+        "shards": [
+            {"start": s, "stop": e, "file": name, "digest": digest}
+            for (s, e), name, digest in zip(slices, names, digests, strict=True)
+        ],
+        "history": hist.as_dict(),
+        "meta": meta,
+    }
+    arrays = {"model_W": model.W, "model_a": model.output_weights}
+    manifest["digest"] = digest_of(manifest, arrays)
+    atomic_savez(path, manifest=np.array(json.dumps(manifest)), **arrays)
+    for old in path.parent.glob(f"{path.stem}.t*.shard*.npz"):
+        if old.name not in names:
+            old.unlink(missing_ok=True)
+    return t

@@ -1,0 +1,179 @@
+"""Sharded training: in this process, and on a Dask LocalCluster of worker processes.
+
+Every method must follow the single-process trajectory (weights within 1e-9),
+for one and three outputs; checkpoints resume bit for bit on the same shards
+and within rounding on another number of them; a worker killed mid-run stops
+the run with a one-line error that names the checkpoint, from which the run
+finishes with the same weights.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import corrtree as ct
+from corrtree.distributed import WorkerLost, local_client
+
+ALL = ["dense", "dtree", "wtree", "lazy", "kernel"]
+ON_DASK = ["dense", "wtree", "lazy", "kernel"]
+
+
+def _problem(outputs, seed=3, n=50, m=1500, d=8):
+    ds = ct.datasets.sphere(n=n, d=d, outputs=outputs, seed=seed)
+    return ds.X_train, ds.y_train, ct.TwoLayerReLU.init(d=d, m=m, outputs=outputs, seed=seed + 1)
+
+
+def _train(model0, X, y, **kw):
+    model = ct.TwoLayerReLU(model0.W, model0.a, model0.b)
+    hist = ct.train(model, X, y, **kw)
+    return model, hist
+
+
+def _close(W, ref):
+    return np.linalg.norm(W - ref) <= 1e-9 * np.linalg.norm(ref)
+
+
+@pytest.fixture(scope="module")
+def client():
+    c = local_client(2)
+    yield c
+    cluster = c.cluster
+    c.close()
+    cluster.close()
+
+
+@pytest.mark.parametrize("outputs", [1, 3])
+@pytest.mark.parametrize("method", ALL)
+def test_shards_in_process_follow_one_process(method, outputs):
+    X, y, model0 = _problem(outputs)
+    ref, ref_hist = _train(model0, X, y, method=method, iters=15)
+    got, hist = _train(model0, X, y, method=method, iters=15, shards=3)
+    assert _close(got.W, ref.W)
+    np.testing.assert_allclose(hist.loss, ref_hist.loss, rtol=1e-9)
+    assert hist.fired_pairs == ref_hist.fired_pairs and hist.info["shards"] == 3
+
+
+@pytest.mark.parametrize("outputs", [1, 3])
+@pytest.mark.parametrize("method", ON_DASK)
+def test_dask_workers_follow_one_process(client, method, outputs):
+    X, y, model0 = _problem(outputs)
+    ref, ref_hist = _train(model0, X, y, method=method, iters=12)
+    got, hist = _train(model0, X, y, method=method, iters=12, client=client)
+    assert _close(got.W, ref.W)
+    assert hist.lr == pytest.approx(ref_hist.lr, rel=1e-9)
+    assert hist.fired_pairs == ref_hist.fired_pairs
+    assert len(hist.info["worker_peak_rss"]) == 2 and min(hist.info["worker_peak_rss"]) > 0
+
+
+@pytest.mark.parametrize("method", ["wtree", "kernel"])
+def test_checkpoints_resume_on_the_same_and_other_shards(client, tmp_path, method):
+    X, y, model0 = _problem(1)
+    whole, _ = _train(model0, X, y, method=method, iters=16, client=client)
+    path = tmp_path / "c.npz"
+    _train(
+        model0,
+        X,
+        y,
+        method=method,
+        iters=16,
+        client=client,
+        checkpoint=path,
+        checkpoint_every=4,
+        callback=lambda t, h: t < 8,
+    )
+    same, hist = ct.resume(path, X, y, client=client)
+    assert len(hist) == 16
+    np.testing.assert_array_equal(same.W, whole.W)  # the same shards: bit for bit
+    for shards in (1, 3):  # other shards start from W(t): the same trajectory up to rounding
+        other, _ = ct.resume(path, X, y, shards=shards)
+        assert _close(other.W, whole.W)
+    assert len(list(tmp_path.glob("c.t*.shard*.npz"))) == 2  # only the latest shard files
+
+
+def test_a_killed_worker_stops_with_the_checkpoint_to_resume_from(client, tmp_path):
+    X, y, model0 = _problem(1, n=60, m=3000)
+    whole, _ = _train(model0, X, y, method="lazy", iters=14)
+    pids = client.run(os.getpid)
+    path = tmp_path / "c.npz"
+
+    def kill(t, hist):
+        if t == 6:
+            os.kill(next(iter(pids.values())), signal.SIGKILL)
+
+    model = ct.TwoLayerReLU(model0.W, model0.a, model0.b)
+    with pytest.raises(WorkerLost, match="resume from the checkpoint") as info:
+        ct.train(
+            model,
+            X,
+            y,
+            method="lazy",
+            iters=14,
+            client=client,
+            checkpoint=path,
+            checkpoint_every=3,
+            callback=kill,
+        )
+    assert "\n" not in str(info.value) and str(path) in str(info.value)
+    np.testing.assert_array_equal(model.W, model0.W)  # nothing written
+    client.wait_for_workers(2, timeout=60)  # the nanny restarts the worker
+    done, hist = ct.resume(path, X, y, client=client)
+    assert len(hist) == 14 and _close(done.W, whole.W)
+
+
+def test_the_command_line_with_workers(tmp_path):
+    out = tmp_path / "o"
+    cli = [sys.executable, "-m", "corrtree.cli"]
+    common = [
+        "train",
+        "--data",
+        "breast_cancer",
+        "--width",
+        512,
+        "--iters",
+        6,
+        "--method",
+        "kernel",
+        "--out",
+        out,
+        "--quiet",
+    ]
+    proc = subprocess.run(
+        [*cli, *map(str, common), "--workers", "2", "--checkpoint-every", "3"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "worker_peak_rss_gib" in proc.stdout
+    one = subprocess.run(
+        [*cli, *map(str, common), "--out", tmp_path / "one"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert one.returncode == 0, one.stderr
+    a = ct.TwoLayerReLU.load(out / "model.npz").W
+    b = ct.TwoLayerReLU.load(tmp_path / "one" / "model.npz").W
+    assert _close(a, b)
+    both = subprocess.run(
+        [*cli, *map(str, common), "--workers", "2", "--scheduler", "tcp://127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert both.returncode == 1 and "not both" in both.stderr
+
+
+def test_the_core_does_not_import_dask():
+    code = (
+        "import sys, corrtree as ct; ds = ct.datasets.sphere(n=20, d=4); "
+        "ct.train(ct.TwoLayerReLU.init(d=4, m=64), ds.X_train, ds.y_train, iters=2); "
+        "print(any(k == 'dask' or k.startswith(('dask.', 'distributed')) "
+        "for k in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr
