@@ -229,6 +229,57 @@ def fast(res: dict, method: str) -> str:
     return "\n".join(out)
 
 
+def distributed(res: dict) -> str:
+    p = res["params"]
+    rows = []
+    for method, r in res["time"].items():
+        rows.append(
+            [
+                method,
+                f"{r['one_process']['total_s']:.3g} s",
+                f"{r['cluster']['total_s']:.3g} s",
+                f"{r['time_ratio']:.2f}×",
+                f"{r['bytes_per_iteration'] / 1e3:.1f} kB",
+                f"{r['bytes_vs_2x8nK_per_worker']:.2f}",
+                r["same_weights"],
+            ]
+        )
+    out = [
+        f'Whole runs (set-up, `lr="auto"`, {p["iters"]} iterations), n={p["n"]}, d={p["d"]}, '
+        f"m={p['m']}: a LocalCluster of {res['workers']} workers × 1 thread against one "
+        f"process with {res['workers']} threads.",
+        "",
+        _table(
+            [
+                "method",
+                "one process",
+                "cluster",
+                "cluster / one",
+                "bytes per iteration",
+                "÷ (2·8·nK·workers)",
+                "same W (1e-9)",
+            ],
+            rows,
+        ),
+        "",
+        f"Peak RSS at n={p['mem_n']}, m={p['mem_m']}:",
+        "",
+        _table(
+            ["method", "one process", "each worker", "worst worker / one process"],
+            [
+                [
+                    k,
+                    f"{v['one_process_peak_gib']:.2f} GiB",
+                    ", ".join(f"{w:.2f}" for w in v["worker_peak_gib"]) + " GiB",
+                    f"{v['worst_worker_vs_one']:.2f}",
+                ]
+                for k, v in res["memory"].items()
+            ],
+        ),
+    ]
+    return "\n".join(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="large")
@@ -239,6 +290,7 @@ def main() -> None:
         ("train", train),
         ("lazy", lambda r: fast(r, "lazy")),
         ("kernel", lambda r: fast(r, "kernel")),
+        ("distributed", distributed),
     ):
         res = _load(args.results, f"{name}_{args.size}")
         if res is not None:

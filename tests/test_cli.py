@@ -286,3 +286,35 @@ def test_console_script_is_installed():
     assert subprocess.run(
         [str(exe), "--version"], capture_output=True, text=True, env={**os.environ}
     ).stdout.startswith("corrtree ")
+
+
+def test_predict_applies_the_training_transform(tmp_path):
+    from corrtree.preprocessing import load_transform
+
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((120, 5)) * [1, 10, 100, 1000, 0.1] + 50
+    y = X[:, 0] + 0.01 * X[:, 2]
+    np.savez(tmp_path / "d.npz", X=X, y=y)
+    out = tmp_path / "o"
+    run(
+        "train",
+        "--data",
+        tmp_path / "d.npz",
+        "--width",
+        64,
+        "--iters",
+        3,
+        "--out",
+        out,
+        "--quiet",
+        "--task",
+        "regression",
+        "--test-size",
+        0,
+    )
+    model = ct.TwoLayerReLU.load(out / "model.npz")
+    transform = load_transform(out / "model.npz", 5)
+    assert transform is not None and transform.standardize
+    pred = run("predict", "--model", out / "model.npz", "--data", tmp_path / "d.npz").stdout
+    got = np.array([float(v) for v in pred.split()])
+    np.testing.assert_allclose(got, model.predict(transform(X)), rtol=1e-9)

@@ -93,3 +93,37 @@ def test_load_file_npz_errors(tmp_path):
         ct.datasets.load_file(tmp_path / "y.npz")
     with pytest.raises(ValueError, match="does not exist"):
         ct.datasets.load_file(tmp_path / "none.npz")
+
+
+def test_input_transform_standardizes_with_training_statistics(tmp_path):
+    from corrtree.preprocessing import InputTransform, load_transform
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((50, 4)) * [1.0, 1e300, 3.0, 0.0] + [5.0, 0.0, -2.0, 7.0]
+    t = InputTransform.fit(X)
+    Z = t(X)
+    np.testing.assert_allclose(np.linalg.norm(Z, axis=1), 1.0)
+    raw = InputTransform.fit(X, unit_rows=False)(X)
+    np.testing.assert_allclose(raw.mean(axis=0), 0.0, atol=1e-12)
+    np.testing.assert_allclose(raw.std(axis=0)[:3], 1.0)
+    assert (raw[:, 3] == 0).all()  # a constant feature stays put
+    model = ct.TwoLayerReLU.init(d=4, m=8)
+    model.save(tmp_path / "m.npz", t)
+    back = load_transform(tmp_path / "m.npz", 4)
+    np.testing.assert_array_equal(back(X), Z)
+    model.save(tmp_path / "plain.npz")
+    assert load_transform(tmp_path / "plain.npz", 4) is None
+
+
+def test_digits_standardized_is_less_coherent():
+    plain = ct.datasets.digits(test_size=0.25, seed=0)
+    std = ct.datasets.digits(test_size=0.25, seed=0, standardize=True)
+    assert std.X_train.shape == plain.X_train.shape
+    np.testing.assert_allclose(np.linalg.norm(std.X_test, axis=1), 1.0)
+
+    def coherence(X):
+        C = np.abs(X[:300] @ X[:300].T)
+        return (C.sum() - np.trace(C)) / (300 * 299)
+
+    assert coherence(std.X_train) < 0.5 * coherence(plain.X_train)
+    np.testing.assert_array_equal(std.y_train, plain.y_train)

@@ -198,7 +198,9 @@ def test_huge_values_are_scaled_or_refused(tmp_path, table):
     with pytest.raises(ValueError, match="would overflow"):
         model.predict(Xr)
     assert_one_line_error(
-        run("train", "--data", path, "--no-normalize", "--quiet", check=False), 1, "would overflow"
+        run("train", "--data", path, "--no-normalize", "--no-standardize", "--quiet", check=False),
+        1,
+        "would overflow",
     )
 
 

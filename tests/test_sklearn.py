@@ -30,6 +30,7 @@ def test_init_only_stores_parameters():
         "iters": 3,
         "threshold": 0.1,
         "normalize": True,
+        "standardize": True,
         "random_state": 4,
     }
     assert not [k for k in vars(est) if k.endswith("_")]

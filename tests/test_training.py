@@ -209,3 +209,20 @@ def test_loss_decreases_geometrically_when_over_parameterized():
         assert loss <= rate**t * hist.loss[0] * (1 + 1e-9)
     assert hist.final_loss < 1e-6 * hist.loss[0]
     assert math.isfinite(hist.final_loss)
+
+
+@pytest.mark.parametrize("scatter_cost", [0.0, 1e9])  # Gram reads, or sums rebuilt from X
+def test_ntk_matvec_both_ways_against_the_dense_matrix(monkeypatch, scatter_cost):
+    X, _, model = _problem(30, 400, 5, 3, 8)
+    F = X @ model.W.T >= model.b
+    indptr, idx = ct.training._sparse.keys_to_csr(np.flatnonzero(F.T), model.m, 30)
+    G = X @ X.T
+    a = np.array(model.output_weights)
+    monkeypatch.setattr(_config, "SCATTER_COST", scatter_cost)
+    H = _ntk.ntk_matrix(indptr, idx, G, a)
+    v = np.random.default_rng(0).standard_normal(90)
+    matvec = _ntk.ntk_matvec(indptr, idx, G, a, None, X)
+    np.testing.assert_allclose(matvec(v), H @ v, rtol=1e-12, atol=1e-12)
+    monkeypatch.setattr(_config, "NTK_DENSE_EIG_LIMIT", 10)
+    lam = _ntk.lambda_max(indptr, idx, G, a, None, None, X)
+    assert lam == pytest.approx(np.linalg.eigvalsh(H)[-1], rel=1e-4)

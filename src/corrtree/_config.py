@@ -89,6 +89,11 @@ HEAP_BULK_DIV = 16
 
 # -- learning rate ---------------------------------------------------------------------
 
+#: A scattered read of G costs about as much as this many vectorized flops (a cache
+#: miss of ~10 ns against ~10 flops/ns): the NTK mat-vec reads G or rebuilds the
+#: Gram sums from X, whichever is cheaper by this exchange rate.
+SCATTER_COST = 50.0
+
 #: Up to this order the NTK matrix is formed and LAPACK gives λ_max; beyond,
 #: Lanczos runs on the sparse mat-vec.
 NTK_DENSE_EIG_LIMIT = 2048

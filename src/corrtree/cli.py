@@ -21,6 +21,7 @@ from . import __version__, _config, datasets, theory
 from ._io import atomic_write_json, atomic_write_text
 from .distributed import WorkerLost
 from .model import TwoLayerReLU
+from .preprocessing import InputTransform, load_transform
 from .training import METHODS, CheckpointError, History, TrainingDiverged, resume, train
 
 BUILTIN_DATA = ("digits", "breast_cancer", "sphere")
@@ -44,23 +45,29 @@ def load_data(
     normalize: bool,
     task: str = "auto",
     header: bool | None = None,
+    standardize: bool = True,
 ) -> datasets.Dataset:
-    """A built-in data set by name, or the user's ``.npz``/``.csv`` file."""
+    """A built-in data set by name, or the user's ``.npz``/``.csv`` file.
+
+    A file's features are standardized with the training split's statistics
+    (``standardize``) and its rows scaled to unit norm (``normalize``): the
+    :class:`~corrtree.preprocessing.InputTransform` kept in the dataset.
+    """
     if spec == "digits":
-        return datasets.digits(test_size=test_size, seed=seed)
+        return datasets.digits(test_size=test_size, seed=seed, standardize=standardize)
     if spec == "breast_cancer":
         return datasets.breast_cancer(test_size=test_size, seed=seed)
     if spec == "sphere":
         return datasets.sphere(n=1024, d=784, n_test=256, seed=seed)
     X, y = datasets.load_file(spec, header)
-    if normalize:
-        X = datasets.unit_rows(X)
     y, task, classes = _targets(y, task)
     n = X.shape[0]
     n_test = round(test_size * n) if n > 1 else 0
     perm = np.random.default_rng(seed).permutation(n)
     te, tr = perm[:n_test], perm[n_test:]
-    return datasets.Dataset(Path(spec).name, X[tr], y[tr], X[te], y[te], task, classes)
+    transform = InputTransform.fit(X[tr], standardize=standardize, unit_rows=normalize)
+    X = transform(X)
+    return datasets.Dataset(Path(spec).name, X[tr], y[tr], X[te], y[te], task, classes, transform)
 
 
 def _targets(y: np.ndarray, task: str) -> tuple[np.ndarray, str, np.ndarray | None]:
@@ -188,7 +195,7 @@ def write_outputs(
     from .plots import write_report
 
     out.mkdir(parents=True, exist_ok=True)
-    model.save(out / "model.npz")
+    model.save(out / "model.npz", ds.transform)
     hist.to_json(out / "history.json")
     hist.to_csv(out / "history.csv")
     per_point = hist.fired_pairs[0] / max(hist.n, 1) if len(hist) else float("nan")
@@ -253,7 +260,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.data not in BUILTIN_DATA:  # so that --resume works from any folder
         args.data = str(Path(args.data).resolve())
     ds = load_data(
-        args.data, args.seed, args.test_size, not args.no_normalize, args.task, args.header
+        args.data,
+        args.seed,
+        args.test_size,
+        not args.no_normalize,
+        args.task,
+        args.header,
+        not args.no_standardize,
     )
     lr = "auto" if args.lr == "auto" else _positive_float(args.lr, "--lr")
     model = TwoLayerReLU.init(
@@ -359,7 +372,8 @@ def _resume(out: Path, quiet: bool, workers: int | None, scheduler: str | None) 
         raise CliError(f"{out} has no run.json: not a folder written by corrtree train")
     try:
         run = json.loads(run_file.read_text())
-        args = argparse.Namespace(**{"header": None, **run})
+        # runs written before standardization existed did not standardize
+        args = argparse.Namespace(**{"header": None, "no_standardize": True, **run})
         data, seed, test_size = args.data, args.seed, args.test_size
         normalize, task, iters = not args.no_normalize, args.task, args.iters
     except (ValueError, TypeError, AttributeError) as exc:
@@ -369,7 +383,7 @@ def _resume(out: Path, quiet: bool, workers: int | None, scheduler: str | None) 
     ck = out / "checkpoint.npz"
     if not ck.is_file():
         raise CliError(f"{out} has no checkpoint: the run stopped before its first one")
-    ds = load_data(data, seed, test_size, normalize, task, args.header)
+    ds = load_data(data, seed, test_size, normalize, task, args.header, not args.no_standardize)
     if workers is None and scheduler is None:  # the run's own cluster, unless told otherwise
         workers, scheduler = run.get("workers"), run.get("scheduler")
     try:
@@ -447,8 +461,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.out:
         output_dir(Path(args.out).resolve().parent, "the folder of --out")
     model = TwoLayerReLU.load(args.model)
+    transform = load_transform(args.model, model.d)
     X, y = _predict_inputs(args.data, model.d, args.header)
-    if not args.no_normalize:
+    if transform is not None:  # the model's own: what its training saw
+        X = transform(X)
+    elif not args.no_normalize:
         X = datasets.unit_rows(X)
     pred = model.predict(X)
     lines = [",".join(f"{v:.10g}" for v in np.atleast_1d(row)) for row in pred]
@@ -517,6 +534,7 @@ def _predict_inputs(path: str, d: int, header: bool | None) -> tuple[np.ndarray,
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import ddfn, fast
+    from .bench import distributed as bench_distributed
     from .bench import train as bench_train
 
     suites = {
@@ -524,6 +542,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "train": bench_train.run,
         "lazy": fast.run_lazy,
         "kernel": fast.run_kernel,
+        "distributed": bench_distributed.run,
     }
     for name in args.suite.split(","):
         if name not in suites:
@@ -672,6 +691,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep your file's rows as they are (default: scale to unit norm)",
     )
     p.add_argument(
+        "--no-standardize",
+        action="store_true",
+        help="do not standardize the features (default: centre and scale each feature with "
+        "the training split's mean and deviation, before the rows are scaled; the model "
+        "file keeps the transform and predict applies it)",
+    )
+    p.add_argument(
         "--header",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -723,7 +749,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-normalize",
         action="store_true",
-        help="do not scale rows to unit norm (use if trained with --no-normalize)",
+        help="for a model file without a stored input transform: do not scale rows to unit "
+        "norm (a model written by corrtree train applies its own transform)",
     )
     p.add_argument(
         "--header",
@@ -750,7 +777,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--suite",
         default="ddfn,train,lazy,kernel",
-        help="comma-separated suites: ddfn, train, lazy, kernel (default all)",
+        help="comma-separated suites: ddfn, train, lazy, kernel, distributed (default: all but "
+        "distributed, which needs corrtree[distributed])",
     )
     p.add_argument(
         "--out",

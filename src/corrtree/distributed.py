@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 import resource
 import signal
 import sys
@@ -67,11 +68,23 @@ __all__ = [
 ]
 
 SHARDED_FORMAT = "corrtree.sharded-checkpoint/1"
+#: Environment variable: the numba threads a shard may use (set by :func:`local_client`).
+SHARD_THREADS = "CORRTREE_SHARD_THREADS"
 _STATS = ("fired_pairs", "moved_neurons", "flips", "band_pairs", "reanchored")
 
 
 class WorkerLost(RuntimeError):
     """A worker holding a shard stopped answering; the message names the checkpoint."""
+
+
+def _limit_threads() -> None:
+    """Apply :data:`SHARD_THREADS` to the calling thread's numba kernels (the limit is
+    per thread, and a Dask actor runs its calls in a thread of its own)."""
+    limit = os.environ.get(SHARD_THREADS)
+    if limit:
+        import numba
+
+        numba.set_num_threads(max(1, min(int(limit), numba.config.NUMBA_NUM_THREADS)))
 
 
 def _peak_rss() -> int:
@@ -106,8 +119,9 @@ class Shard:
         options: dict[str, Any],
     ) -> dict:
         """Preprocess the slice (``W``, ``a`` its rows); the learning rate comes later."""
+        _limit_threads()
         self._data(X, Y)
-        self.model = TwoLayerReLU(W, a, b)
+        self.model = TwoLayerReLU(W, a, b, copy=False)  # the received rows are this shard's
         self._prepared = TRAINERS[method].prepare(
             self.model, self.X, self.Y, self.G, width, **options
         )
@@ -116,6 +130,7 @@ class Shard:
     def ntk(self, dense: bool) -> np.ndarray | None:
         """This slice's share of the NTK matrix at ``W(0)`` (dense), or ``None`` after
         readying :meth:`ntk_matvec`."""
+        _limit_threads()
         indptr, idx = self._prepared.initial_fire_sets()
         width = self._prepared.width
         if dense:
@@ -125,21 +140,26 @@ class Shard:
                 if H is None
                 else H
             )
-        self._matvec = ntk_matvec(indptr, idx, self.G, np.array(self.model.output_weights), width)
+        self._matvec = ntk_matvec(
+            indptr, idx, self.G, np.array(self.model.output_weights), width, self.X
+        )
         return None
 
     def ntk_matvec(self, v: np.ndarray) -> np.ndarray:
         """This slice's share of ``H v``."""
+        _limit_threads()
         return self._matvec(v)
 
     def start(self, lr: float) -> np.ndarray:
         """Begin training at ``lr``; returns the slice's share of ``u(0)``."""
+        _limit_threads()
         self.trainer = self._prepared.start(lr)
         self._prepared = self._matvec = None
         return self.trainer.outputs()
 
     def restore(self, path: str, X: np.ndarray, Y: np.ndarray) -> np.ndarray:
         """Take the exact state of a shard file; returns the slice's share of ``u``."""
+        _limit_threads()
         self._data(X, Y)
         self.model, self.trainer, _, _ = load_checkpoint(path, self.X, self.Y, self.G)
         return self.trainer.outputs()
@@ -156,6 +176,7 @@ class Shard:
     ) -> np.ndarray:
         """Start from ``W(t)`` of old shards: ``pieces`` are ``(file, first, last)``, the
         rows of each old shard file that belong to this slice, in order."""
+        _limit_threads()
         self._data(X, Y)
         rows, a = [], []
         for path, first, last in pieces:
@@ -176,6 +197,7 @@ class Shard:
     # -- training ----------------------------------------------------------------------
     def advance(self, err: np.ndarray) -> tuple[dict[str, Any], np.ndarray, int]:
         """One step: the History row (no loss), the share of ``u(t+1)``, peak RSS."""
+        _limit_threads()
         row = self.trainer.advance(err)
         return row, self.trainer.outputs(), _peak_rss()
 
@@ -184,10 +206,13 @@ class Shard:
 
     def weights(self, start: int, stop: int) -> np.ndarray:
         """Rows ``start:stop`` (slice-local) of the current weights."""
+        _limit_threads()
+        _limit_threads()
         return self.trainer.weights(start, stop)
 
     def save(self, path: str, meta: dict[str, Any]) -> str:
         """Write this shard's exact state to ``path`` (atomic); returns its digest."""
+        _limit_threads()
         history = History(
             method=self.trainer.name,
             lr=self.trainer.lr,
@@ -263,8 +288,10 @@ def local_client(workers: int, threads: int = 1):
     from dask.distributed import Client, LocalCluster
 
     limit = str(threads)
+    # numba's own variable cannot change once its threads run (dask sets a worker's
+    # environment around the spawn); shards apply SHARD_THREADS themselves
     env = {
-        "NUMBA_NUM_THREADS": limit,
+        SHARD_THREADS: limit,
         "OMP_NUM_THREADS": limit,
         "OPENBLAS_NUM_THREADS": limit,
         "MKL_NUM_THREADS": limit,
@@ -315,7 +342,7 @@ def train_sharded(
     infos = pool.call(
         "prepare",
         [
-            (method, X, Y, np.array(W[s:e]), np.array(a[s:e]), model.b, model.m, options)
+            (method, X, Y, W[s:e], a[s:e], model.b, model.m, options)  # views: no copies
             for s, e in slices
         ],
     )
@@ -480,6 +507,11 @@ def _drive(model, Y, pool, slices, parts, hist, meta, callback, checkpoint) -> H
             err = u - Y
             loss = 0.5 * float(np.einsum("ik,ik->", err, err))
             results = pool.call("advance", [(err,)] * count)
+            if isinstance(pool, _Actors):  # what crossed the network, serialized
+                moved = count * len(pickle.dumps(err, protocol=5)) + sum(
+                    len(pickle.dumps(r, protocol=5)) for r in results
+                )
+                hist.info["bytes_per_iteration"] = moved
             rows = [r[0] for r in results]
             u = sum(r[1] for r in results)
             rss = [max(a, r[2]) for a, r in zip(rss, results, strict=True)]
@@ -520,22 +552,15 @@ def _drive(model, Y, pool, slices, parts, hist, meta, callback, checkpoint) -> H
 
 
 def _gather_weights(model: TwoLayerReLU, pool, slices) -> None:
-    """``W(T)`` into the model, one block of rows of one shard at a time."""
-    block = _config.block_rows(8 * model.d, model.m, _config.MODEL_BLOCK_BYTES)
-    for k, (s, e) in enumerate(slices):
-        for lo in range(0, e - s, block):
-            model.set_weights(_one(pool, k, "weights", (lo, min(lo + block, e - s))), start=s + lo)
-
-
-def _one(pool, k: int, method: str, args: tuple) -> Any:
-    """Call one shard only."""
-    if isinstance(pool, _Actors):
-        fut = getattr(pool.shards[k], method)(*args)
-        try:
-            return fut.result()
-        except OSError as exc:
-            raise WorkerLost(f"worker {pool.workers[k]} is gone ({exc})") from None
-    return getattr(pool.shards[k], method)(*args)
+    """``W(T)`` into the model in rounds: every shard sends its next block of rows at
+    once, so that the driver holds at most :data:`~corrtree._config.MODEL_BLOCK_BYTES`."""
+    block = _config.block_rows(8 * model.d * len(slices), model.m, _config.MODEL_BLOCK_BYTES)
+    longest = max(e - s for s, e in slices)
+    for lo in range(0, longest, block):
+        bounds = [(min(lo, e - s), min(lo + block, e - s)) for s, e in slices]
+        for (s, _), (a, _), rows in zip(slices, bounds, pool.call("weights", bounds), strict=True):
+            if rows.shape[0]:
+                model.set_weights(rows, start=s + a)
 
 
 def _save(

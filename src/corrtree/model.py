@@ -23,6 +23,7 @@ from ._validation import (
     check_shape_2d,
     readonly,
 )
+from .preprocessing import InputTransform
 
 __all__ = ["TwoLayerReLU", "default_threshold"]
 
@@ -62,6 +63,9 @@ class TwoLayerReLU:
         Output weights, each +1 or -1; a 2-D ``a`` gives ``K`` outputs.
     b : float, optional
         Threshold; default :func:`default_threshold` ``(m)``.
+    copy : bool, default True
+        Copy ``W``; ``False`` takes it as it is when it already is a C-contiguous
+        float64 array (the model then shares it: do not change it elsewhere).
 
     Examples
     --------
@@ -73,7 +77,9 @@ class TwoLayerReLU:
     1.2899
     """
 
-    def __init__(self, W: np.ndarray, a: np.ndarray, b: float | None = None) -> None:
+    def __init__(
+        self, W: np.ndarray, a: np.ndarray, b: float | None = None, *, copy: bool = True
+    ) -> None:
         m, _ = check_shape_2d("W", W)
         a_arr = np.asarray(a)
         if a_arr.ndim not in (1, 2) or a_arr.shape[0] != m:
@@ -82,7 +88,7 @@ class TwoLayerReLU:
             raise ValueError("a must have at least one output column")
         if a_arr.dtype.kind not in "biuf" or not np.isin(a_arr, (-1, 1)).all():
             raise ValueError("a must hold only +1 and -1")
-        self._W = as_matrix("W", W)
+        self._W = as_matrix("W", W, copy=copy)
         self._a = np.array(a_arr, dtype=np.float64).reshape(m, -1)
         self._squeeze = a_arr.ndim == 1
         self._b = default_threshold(m) if b is None else check_real("b", b)
@@ -219,14 +225,17 @@ class TwoLayerReLU:
         return counts
 
     # -- persistence ---------------------------------------------------------------
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the model to an ``.npz`` file atomically (no pickled objects)."""
+    def save(self, path: str | os.PathLike, transform: InputTransform | None = None) -> None:
+        """Write the model to an ``.npz`` file atomically (no pickled objects), with the
+        input transform its training used, if any (:func:`~corrtree.preprocessing.load_transform`
+        reads it back)."""
         atomic_savez(
             path,
             format=np.array(_FORMAT),
             W=self._W,
             a=self._a[:, 0] if self._squeeze else self._a,
             b=np.array(self._b),
+            **(transform.arrays() if transform is not None else {}),
         )
 
     @classmethod

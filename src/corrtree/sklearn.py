@@ -14,8 +14,8 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from . import _config
-from .datasets import unit_rows
 from .model import TwoLayerReLU
+from .preprocessing import InputTransform
 from .training import History, train
 
 __all__ = ["CorrTreeClassifier", "CorrTreeRegressor"]
@@ -32,6 +32,7 @@ class _CorrTreeBase(BaseEstimator):
         iters: int = 100,
         threshold: float | None = None,
         normalize: bool = True,
+        standardize: bool = True,
         random_state: int | None = None,
     ) -> None:
         self.width = width
@@ -40,11 +41,8 @@ class _CorrTreeBase(BaseEstimator):
         self.iters = iters
         self.threshold = threshold
         self.normalize = normalize
+        self.standardize = standardize
         self.random_state = random_state
-
-    def _inputs(self, X: np.ndarray) -> np.ndarray:
-        X = np.asarray(X, dtype=np.float64)
-        return unit_rows(X) if self.normalize else X
 
     def _fit(self, X: np.ndarray, Y: np.ndarray) -> None:
         if (
@@ -58,7 +56,10 @@ class _CorrTreeBase(BaseEstimator):
             seed = int(np.random.default_rng().integers(2**31))
         elif not isinstance(seed, numbers.Integral):
             raise ValueError(f"random_state must be an integer or None, got {seed!r}")
-        X = self._inputs(X)
+        if self.standardize and X.shape[0] < 2:
+            raise ValueError("standardize=True needs at least 2 samples; got 1 sample")
+        self.transform_ = InputTransform.fit(X, bool(self.standardize), bool(self.normalize))
+        X = self.transform_(X)
         self.model_ = TwoLayerReLU.init(
             d=X.shape[1], m=int(self.width), b=self.threshold, outputs=Y.shape[1], seed=int(seed)
         )
@@ -76,7 +77,7 @@ class _CorrTreeBase(BaseEstimator):
     def _outputs(self, X: np.ndarray) -> np.ndarray:
         check_is_fitted(self, "model_")
         X = validate_data(self, X, reset=False, dtype=np.float64)
-        out = self.model_.predict(self._inputs(X))
+        out = self.model_.predict(self.transform_(X))
         return out.reshape(X.shape[0], -1)
 
 
@@ -98,14 +99,18 @@ class CorrTreeRegressor(RegressorMixin, _CorrTreeBase):
     threshold : float, optional
         ReLU threshold ``b`` (default ``sqrt(0.4 ln m)``).
     normalize : bool, default True
-        Scale every input row to unit norm first (the paper's setting, for
-        which the default threshold is made).
+        Scale every input row to unit norm (the paper's setting, for which the
+        default threshold is made), after standardizing.
+    standardize : bool, default True
+        Centre and scale every feature with the training data's mean and
+        deviation first (``transform_``, applied again by ``predict``).
     random_state : int, optional
         Seed of the initialization.
 
     Attributes
     ----------
     model_ : TwoLayerReLU
+    transform_ : InputTransform
     history_ : History
     n_iter_ : int
     n_features_in_ : int

@@ -90,7 +90,7 @@ class Trainer:
         self._prepare(model.W, **options)
         t0 = time.perf_counter()
         if lr == "auto":
-            lr = auto_lr(*self.initial_fire_sets(), G, self.a, self.ntk(), self.width)
+            lr = auto_lr(*self.initial_fire_sets(), G, self.a, self.ntk(), self.width, X)
         self.info["lr_s"] = time.perf_counter() - t0
         self._begin(lr)
 

@@ -89,19 +89,104 @@ def ntk_matrix(
     return _ntk_dense(indptr_r, idx_r, indptr_i, idx_i, G, a, m)
 
 
-def ntk_matvec(
-    indptr_r: np.ndarray, idx_r: np.ndarray, G: np.ndarray, a: np.ndarray, width: int | None = None
-):
-    """``v -> H v`` on flat vectors of length ``nK``, from the sparse fire sets
-    (O(Σ_r k̃_r·(k̃_r + K)) per product, parallel); ``width`` as in :func:`ntk_matrix`."""
-    n, K = G.shape[0], a.shape[1]
-    indptr_i, idx_i = transpose_csr(indptr_r, idx_r, n)
-    m = float(a.shape[0] if width is None else width)
+@njit(cache=True, parallel=True)
+def _pair_values(indptr_r, idx_r, X, a, v):
+    """``c[p] = <x_j, z_r>`` for every firing pair ``p = (r, j)``, with
+    ``z_r = Σ_{l ∈ S̃_r} <a_r, v_l> x_l``: the Gram sums of the NTK mat-vec as two
+    passes over X, O(d) per pair, contiguous and vectorized."""
+    d = X.shape[1]
+    K = a.shape[1]
+    c = np.empty(idx_r.shape[0])
+    for r in prange(indptr_r.shape[0] - 1):
+        lo, hi = indptr_r[r], indptr_r[r + 1]
+        if lo == hi:
+            continue
+        z = np.zeros(d)
+        for p in range(lo, hi):
+            j = idx_r[p]
+            s = 0.0
+            for k in range(K):
+                s += a[r, k] * v[j, k]
+            for t in range(d):
+                z[t] += s * X[j, t]
+        for p in range(lo, hi):
+            j = idx_r[p]
+            s = 0.0
+            for t in range(d):
+                s += X[j, t] * z[t]
+            c[p] = s
+    return c
 
-    def matvec(v: np.ndarray) -> np.ndarray:
+
+@njit(cache=True, parallel=True)
+def _gather_pairs(t_indptr, t_r, t_pos, c, a, m, n):
+    """``out[i] = (1/m) Σ_{pairs p of point i} a_{r(p)} c[p]`` (point-major)."""
+    K = a.shape[1]
+    out = np.zeros((n, K))
+    for i in prange(n):
+        for q in range(t_indptr[i], t_indptr[i + 1]):
+            r, p = t_r[q], t_pos[q]
+            for k in range(K):
+                out[i, k] += a[r, k] * c[p]
+        for k in range(K):
+            out[i, k] /= m
+    return out
+
+
+@njit(cache=True)
+def _transpose_positions(indptr_r, idx_r, n):
+    """Point-major CSR of the pairs: for each point, its neurons and the pairs'
+    positions in the neuron-major arrays."""
+    t_indptr = np.zeros(n + 1, dtype=np.int64)
+    for p in range(idx_r.shape[0]):
+        t_indptr[idx_r[p] + 1] += 1
+    for i in range(n):
+        t_indptr[i + 1] += t_indptr[i]
+    fill = t_indptr[:-1].copy()
+    t_r = np.empty(idx_r.shape[0], dtype=np.int64)
+    t_pos = np.empty(idx_r.shape[0], dtype=np.int64)
+    for r in range(indptr_r.shape[0] - 1):
+        for p in range(indptr_r[r], indptr_r[r + 1]):
+            i = idx_r[p]
+            t_r[fill[i]] = r
+            t_pos[fill[i]] = p
+            fill[i] += 1
+    return t_indptr, t_r, t_pos
+
+
+def ntk_matvec(
+    indptr_r: np.ndarray,
+    idx_r: np.ndarray,
+    G: np.ndarray,
+    a: np.ndarray,
+    width: int | None = None,
+    X: np.ndarray | None = None,
+):
+    """``v -> H v`` on flat vectors of length ``nK``, from the sparse fire sets;
+    ``width`` as in :func:`ntk_matrix`.
+
+    Two ways, whichever costs less: the Gram sums read from ``G``
+    (O(Σ_r k̃_r²) scattered reads), or, with ``X`` given, rebuilt from the data
+    (O(d·Σ_r k̃_r) contiguous, vectorized flops; a scattered read costs about
+    :data:`~corrtree._config.SCATTER_COST` flops).
+    """
+    n, K = G.shape[0], a.shape[1]
+    m = float(a.shape[0] if width is None else width)
+    k = np.diff(indptr_r)
+    if X is not None and _config.SCATTER_COST * float(np.dot(k, k)) > 2.0 * X.shape[1] * k.sum():
+        t_indptr, t_r, t_pos = _transpose_positions(indptr_r, idx_r, n)
+
+        def by_data(v: np.ndarray) -> np.ndarray:
+            c = _pair_values(indptr_r, idx_r, X, a, v.reshape(n, K))
+            return _gather_pairs(t_indptr, t_r, t_pos, c, a, m, n).ravel()
+
+        return by_data
+    indptr_i, idx_i = transpose_csr(indptr_r, idx_r, n)
+
+    def by_gram(v: np.ndarray) -> np.ndarray:
         return _ntk_matvec(indptr_r, idx_r, indptr_i, idx_i, G, a, m, v.reshape(n, K)).ravel()
 
-    return matvec
+    return by_gram
 
 
 def top_eigenvalue(order: int, matvec=None, H: np.ndarray | None = None) -> float:
@@ -125,20 +210,22 @@ def lambda_max(
     a: np.ndarray,
     H: np.ndarray | None = None,
     width: int | None = None,
+    X: np.ndarray | None = None,
 ) -> float:
     """Largest eigenvalue of the NTK matrix ``H`` of the given fire sets.
 
     Up to order :data:`~corrtree._config.NTK_DENSE_EIG_LIMIT` ``H`` is formed (or
     taken from ``H``, which must be :func:`ntk_matrix` of the same fire sets) and
     LAPACK gives the eigenvalue; beyond, Lanczos runs on the sparse mat-vec
-    (:func:`top_eigenvalue`).  The result is deterministic for given inputs.
+    (:func:`top_eigenvalue`, :func:`ntk_matvec`; ``X`` lets it rebuild Gram sums
+    from the data when that is cheaper).  The result is deterministic for given inputs.
     """
     order = G.shape[0] * a.shape[1]
     if idx_r.shape[0] == 0:
         return 0.0
     if order <= _config.NTK_DENSE_EIG_LIMIT:
         return top_eigenvalue(order, H=ntk_matrix(indptr_r, idx_r, G, a, width) if H is None else H)
-    return top_eigenvalue(order, ntk_matvec(indptr_r, idx_r, G, a, width))
+    return top_eigenvalue(order, ntk_matvec(indptr_r, idx_r, G, a, width, X))
 
 
 def lr_from_lambda(lam: float) -> float:
@@ -158,6 +245,7 @@ def auto_lr(
     a: np.ndarray,
     H: np.ndarray | None = None,
     width: int | None = None,
+    X: np.ndarray | None = None,
 ) -> float:
     """``lr="auto"``: ``1 / λ_max`` of the NTK matrix of the fire sets (see :func:`lambda_max`).
 
@@ -166,4 +254,4 @@ def auto_lr(
     ValueError
         If no pair fires (``λ_max = 0``).
     """
-    return lr_from_lambda(lambda_max(indptr_r, idx_r, G, a, H, width))
+    return lr_from_lambda(lambda_max(indptr_r, idx_r, G, a, H, width, X))
