@@ -117,7 +117,7 @@ def test_evaluate_neuron_flips_exactly_the_crossed_pairs():
     none = np.empty(0, dtype=np.int64)
     total = 0
     for r in range(st.m):
-        pos, _ = _pairs.evaluate_neuron(
+        pos, _, _ = _pairs.evaluate_neuron(
             r,
             st.seg,
             st.nf,
@@ -204,7 +204,7 @@ def test_apply_flips_keeps_h_the_ntk_of_the_fire_sets():
     for r in range(st.m):
         cap = st.seg[r, CNT]
         f_j, f_v, f_on = np.empty(cap, np.int64), np.empty(cap), np.empty(cap, np.bool_)
-        pos, _ = _pairs.evaluate_neuron(
+        pos, _, _ = _pairs.evaluate_neuron(
             r,
             st.seg,
             st.nf,

@@ -393,6 +393,7 @@ def test_progress_bar_fits_the_terminal(width):
         time_update=0,
         band_pairs=0,
         reanchored=0,
+        evaluated_pairs=0,
     )
     with cli.Progress(1000, "kernel", console=console) as progress:
         progress(499, hist)
@@ -419,6 +420,7 @@ def test_check_divergence_uses_the_final_loss():
         time_update=0,
         band_pairs=0,
         reanchored=0,
+        evaluated_pairs=0,
     )
     hist.final_loss = 1e30
     with pytest.raises(ct.TrainingDiverged, match="after the last iteration"):

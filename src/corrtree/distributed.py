@@ -70,7 +70,7 @@ __all__ = [
 SHARDED_FORMAT = "corrtree.sharded-checkpoint/1"
 #: Environment variable: the numba threads a shard may use (set by :func:`local_client`).
 SHARD_THREADS = "CORRTREE_SHARD_THREADS"
-_STATS = ("fired_pairs", "moved_neurons", "flips", "band_pairs", "reanchored")
+_STATS = ("fired_pairs", "moved_neurons", "flips", "band_pairs", "reanchored", "evaluated_pairs")
 
 
 class WorkerLost(RuntimeError):

@@ -233,6 +233,7 @@ class Trainer:
         flips: int,
         band_pairs: int = 0,
         reanchored: int = 0,
+        evaluated_pairs: int = 0,
     ) -> dict[str, Any]:
         """The History row of the iteration just done (no loss), with its phase times."""
         return {
@@ -241,6 +242,7 @@ class Trainer:
             "flips": int(flips),
             "band_pairs": int(band_pairs),
             "reanchored": int(reanchored),
+            "evaluated_pairs": int(evaluated_pairs),
             **self.timer.pop(),
         }
 

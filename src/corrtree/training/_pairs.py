@@ -244,7 +244,7 @@ def evaluate_neuron(
     firing pair, are always evaluated.  Flips are applied to the pool and, if
     ``f_j`` is non-empty, recorded from ``fpos`` on as ``(j, value, on)``, and
     ``σ_r`` is recomputed.  Returns ``(fpos + #flips, bound on
-    ||w_r - w_r(anchor)||)``.
+    ||w_r - w_r(anchor)||, number of pairs evaluated)``.
     """
     ej, uref, val, key, fire = pool.j, pool.uref, pool.val, pool.key, pool.fire
     record = f_j.shape[0] > 0
@@ -273,11 +273,13 @@ def evaluate_neuron(
                 f_j[fpos], f_v[fpos], f_on[fpos] = ej[q], val[q], now
             fpos += 1
             flip(r, q, seg, pool, a, E, eta_s, now)
+    evaluated = ns
     if drift >= nf[r, MINKEY]:  # some other tracked pair may have crossed
         best = np.inf
         dc = scratch[0]
         for q in range(s0 + ns, end):  # increasing order: see flip
             if key[q] <= drift:
+                evaluated += 1
                 # positions below s0 + ns keep their pairs even after flips
                 val[q] = uref[q] - gram_sum(G, ej[q], ej, dc, s0, ns)
                 if val[q] >= b:
@@ -292,7 +294,7 @@ def evaluate_neuron(
         nf[r, MINKEY] = best
     if fpos > first:  # the fire set changed
         nf[r, SIGMA] = sigma(r, seg, pool, G)
-    return fpos, since_anchor
+    return fpos, since_anchor, evaluated
 
 
 @njit(cache=True)

@@ -74,6 +74,7 @@ def evaluate_rows(
     f_v,
     f_on,
     nflips,
+    nevals,
     again,
     P,
     per_p,
@@ -84,9 +85,10 @@ def evaluate_rows(
     flips the pairs that may have changed side (``err``: the lazy trainer's
     step bound; empty: the exact step), recording the flips at
     ``f_*[fbuf[k]:]`` when ``f_j`` is non-empty; ``nflips[k]`` is their
-    number.  ``again[k]`` says the neuron must be re-anchored
-    (:func:`~._pairs.needs_reanchor`); otherwise, if ``per_p > 0`` (kernel
-    trainer), it gets a new key (:func:`~._pairs.neuron_key`).
+    number and ``nevals[k]`` the number of pairs evaluated.  ``again[k]`` says
+    the neuron must be re-anchored (:func:`~._pairs.needs_reanchor`);
+    otherwise, if ``per_p > 0`` (kernel trainer), it gets a new key
+    (:func:`~._pairs.neuron_key`).
     """
     ej = pool.j
     record = f_j.shape[0] > 0
@@ -95,7 +97,7 @@ def evaluate_rows(
         if k + 1 < rows.shape[0]:
             prefetch_block(rows[k + 1], seg, ej, G)
         first = fbuf[k] if record else 0
-        pos, since_anchor = evaluate_neuron(
+        pos, since_anchor, nevals[k] = evaluate_neuron(
             r, seg, nf, pool, scratch, a, E, err, G, xnorm, eta_s, b, cert, f_j, f_v, f_on, first
         )
         nflips[k] = pos - first
@@ -255,6 +257,7 @@ class BandTrainer(Trainer):
         self.flips = 0
         self.scratch = np.empty((2, st.pool.capacity))  # per-entry coefficient changes
         self.cert = float(_certificate_scale)
+        self.evaluated = 0  # pairs computed exactly since the last History row
         self.info.update(band=band, anchor_dtype=str(np.dtype(anchor_dtype)), gemm_dtype=gemm_dtype)
 
     def initial_fire_sets(self) -> tuple[np.ndarray, np.ndarray]:
@@ -305,6 +308,7 @@ class BandTrainer(Trainer):
         self.u = arrays["u"]
         self.flips = scalars["flips"]
         self.cert = scalars["cert"]
+        self.evaluated = 0
         self.scratch = np.empty((2, self.store.pool.capacity))
 
     def _evaluate(
@@ -322,6 +326,7 @@ class BandTrainer(Trainer):
         f_v = np.empty(fbuf[-1])
         f_on = np.empty(fbuf[-1], dtype=np.bool_)
         nflips = np.zeros(rows.shape[0], dtype=np.int64)
+        nevals = np.zeros(rows.shape[0], dtype=np.int64)
         again = np.zeros(rows.shape[0], dtype=np.bool_)
         evaluate_rows(
             rows,
@@ -343,15 +348,18 @@ class BandTrainer(Trainer):
             f_v,
             f_on,
             nflips,
+            nevals,
             again,
             P,
             per_p,
         )
         flips = gather_flips(rows, fbuf, nflips, f_j, f_v, f_on) if record else None
+        self.evaluated += int(nevals.sum())
         return nflips, again, flips
 
     def _reanchor(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
         """Re-anchor ``rows`` and refresh their σ; returns the flips it found."""
+        self.evaluated += rows.shape[0] * self.X.shape[0]  # a whole exact row each
         flips = reanchor(self.store, rows, self.eta_s)
         update_sigma(rows, self.store.seg, self.store.nf, self.store.pool.arrays, self.G)
         return flips

@@ -133,7 +133,10 @@ class DenseTrainer(Trainer):
                 self.W[s : s + self.block] -= grad
         self.prev_fire = self.fire
         self._forward()
-        return self._row(idx.shape[0], np.count_nonzero(np.diff(indptr)), flips)
+        n = self.X.shape[0]
+        return self._row(
+            idx.shape[0], np.count_nonzero(np.diff(indptr)), flips, evaluated_pairs=n * self.m
+        )
 
     def weights(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         return np.array(self.W[start:stop])

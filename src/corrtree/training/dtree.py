@@ -57,7 +57,9 @@ class DTreeTrainer(TreeTrainer):
             fire_r = transpose_csr(indptr, idx, self.m)
         moved = self._gradient_step(fire_r, err)
         self.prev_fire_i, self.fire_i = self.fire_i, None
-        return self._row(idx.shape[0], moved.shape[0], flips)
+        return self._row(
+            idx.shape[0], moved.shape[0], flips, evaluated_pairs=self.X.shape[0] * moved.shape[0]
+        )
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         return self._tree_state(self.prev_fire_i)

@@ -28,6 +28,7 @@ COLUMNS = (
     "time_update",
     "band_pairs",
     "reanchored",
+    "evaluated_pairs",
 )
 
 
@@ -64,6 +65,10 @@ class History:
         (candidates inside the drift band); 0 for the other methods.
     reanchored : list of int
         Lazy and kernel methods: neurons re-anchored at that iteration.
+    evaluated_pairs : list of int
+        Products computed exactly at that iteration (all ``n·m`` for dense GD,
+        ``n`` per moved neuron for the tree methods, the certified few for lazy
+        and kernel): divided by the flips, the cost of finding them.
     info : dict
         Method-specific details (the cost model's choice, block sizes, ...).
     """
@@ -87,6 +92,7 @@ class History:
     time_update: list[float] = field(default_factory=list)
     band_pairs: list[int] = field(default_factory=list)
     reanchored: list[int] = field(default_factory=list)
+    evaluated_pairs: list[int] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     # while training runs: the trainer's W(t) accessor (see current_weights)
     weights_source: Callable[[], np.ndarray] | None = field(default=None, repr=False, compare=False)

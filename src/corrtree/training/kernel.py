@@ -231,7 +231,9 @@ class KernelTrainer(BandTrainer):
                 )
                 self.entries += int(st.seg[rows, CNT].sum()) - before
             self.heap_size = push_all(self.heap_keys, self.heap_ids, self.heap_size, due, st.nf)
-        return self._row(*stats, reanchored=rows.shape[0])
+        row = self._row(*stats, reanchored=rows.shape[0], evaluated_pairs=self.evaluated)
+        self.evaluated = 0
+        return row
 
     def _apply(self, flips: tuple[np.ndarray, ...]) -> int:
         """Add flips to ``u`` and ``H`` and to the counts; returns their number."""

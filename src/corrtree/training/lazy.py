@@ -70,4 +70,6 @@ class LazyTrainer(BandTrainer):
                 self.moved, st.seg, st.pool.arrays, self.a, self.b, self.scale, self.X.shape[0]
             )
             self.moved = st.firing_neurons()
-        return self._row(*stats, reanchored=rows.shape[0])
+        row = self._row(*stats, reanchored=rows.shape[0], evaluated_pairs=self.evaluated)
+        self.evaluated = 0
+        return row

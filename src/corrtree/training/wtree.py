@@ -55,7 +55,9 @@ class WTreeTrainer(TreeTrainer):
             self.prev_fire_r = self.fire_r
             self.fire_r = self.tree.query_all(self.b)
             self.fire_i = transpose_csr(*self.fire_r, self.X.shape[0])
-        return self._row(idx.shape[0], moved.shape[0], flips)
+        return self._row(
+            idx.shape[0], moved.shape[0], flips, evaluated_pairs=self.X.shape[0] * moved.shape[0]
+        )
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         return self._tree_state(self.prev_fire_r)
