@@ -25,7 +25,6 @@ See ``docs/distributed.md``.
 from __future__ import annotations
 
 import json
-import math
 import os
 import pickle
 import resource
@@ -49,6 +48,7 @@ from .training._registry import TRAINERS
 from .training._state import CheckpointError
 from .training._train import STOP_SIGNALS, check_divergence
 from .training.checkpoint import (
+    check_entries,
     data_digest,
     digest_of,
     load_checkpoint,
@@ -364,17 +364,7 @@ def train_sharded(
         "slices": slices,
     }
     parts = pool.call("start", [(lr,)] * count)
-    hist = History(
-        method=method,
-        lr=float(lr),
-        n=X.shape[0],
-        m=model.m,
-        d=X.shape[1],
-        outputs=model.outputs,
-        b=model.b,
-        preprocess_time=time.perf_counter() - t0,
-        info={**info, "lr_auto": meta.get("lr_auto", False)},
-    )
+    hist = History.of_run(method, lr, model, X, t0, {**info, "lr_auto": meta.get("lr_auto", False)})
     return _drive(
         model, Y, pool, slices, parts, hist, {**meta, "options": options}, callback, checkpoint
     )
@@ -450,15 +440,7 @@ def _check_manifest(path: Path, manifest: dict[str, Any]) -> None:
         "history": dict,
         "meta": dict,
     }
-    for key, kind in kinds.items():
-        value = manifest.get(key)
-        ok = (
-            isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-            if kind is float
-            else isinstance(value, kind)
-        )
-        if not ok:
-            raise CheckpointError(f"{path}: manifest entry {key!r} must be a {kind.__name__}")
+    check_entries(path, manifest, kinds)
     if manifest["method"] not in TRAINERS or not manifest["lr"] > 0 or not manifest["shards"]:
         raise CheckpointError(f"{path}: bad method, learning rate or shard list")
     edge = 0

@@ -49,7 +49,12 @@ def torch_dense_gd(
             W -= lr * grad
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
-    return {"per_iter_s": float(np.median(times)), "loss": losses, "W": W.detach().numpy()}
+    return {
+        "per_iter_s": float(np.median(times)),
+        "times": times,
+        "loss": losses,
+        "W": W.detach().numpy(),
+    }
 
 
 def compare(

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..model import TwoLayerReLU
-from ._ntk import auto_lr
+from ._ntk import lambda_max, lr_from_lambda
 from ._sparse import count_changed, stepped_rows
 from ._state import Field, Schema, check_csr, fail
 
@@ -70,7 +70,7 @@ class Trainer:
         ``X Xᵀ``.
     lr : float or "auto"
         Learning rate; ``"auto"`` is ``1/λ_max`` of the NTK matrix of the
-        initial fire sets (:func:`._ntk.auto_lr`).
+        initial fire sets (:func:`._ntk.lambda_max`).
     **options
         Method options, passed to :meth:`_prepare`.
     """
@@ -90,7 +90,8 @@ class Trainer:
         self._prepare(model.W, **options)
         t0 = time.perf_counter()
         if lr == "auto":
-            lr = auto_lr(*self.initial_fire_sets(), G, self.a, self.ntk(), self.width, X)
+            fire = self.initial_fire_sets()
+            lr = lr_from_lambda(lambda_max(*fire, G, self.a, self.ntk(), self.width, X))
         self.info["lr_s"] = time.perf_counter() - t0
         self._begin(lr)
 

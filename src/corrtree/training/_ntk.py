@@ -19,7 +19,6 @@ from .. import _config
 from ._sparse import transpose_csr
 
 __all__ = [
-    "auto_lr",
     "lambda_max",
     "lr_from_lambda",
     "ntk_matrix",
@@ -236,22 +235,3 @@ def lr_from_lambda(lam: float) -> float:
             "initialization); give lr explicitly or lower the threshold b"
         )
     return 1.0 / lam
-
-
-def auto_lr(
-    indptr_r: np.ndarray,
-    idx_r: np.ndarray,
-    G: np.ndarray,
-    a: np.ndarray,
-    H: np.ndarray | None = None,
-    width: int | None = None,
-    X: np.ndarray | None = None,
-) -> float:
-    """``lr="auto"``: ``1 / λ_max`` of the NTK matrix of the fire sets (see :func:`lambda_max`).
-
-    Raises
-    ------
-    ValueError
-        If no pair fires (``λ_max = 0``).
-    """
-    return lr_from_lambda(lambda_max(indptr_r, idx_r, G, a, H, width, X))

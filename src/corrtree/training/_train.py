@@ -231,16 +231,13 @@ def _make(
         method, info["costs"] = choose_method(X, G, model, iters)
         info["auto"] = True
     trainer = TRAINERS[method](model, X, Y, G, lr, **options)
-    hist = History(
-        method=method,
-        lr=trainer.lr,
-        n=X.shape[0],
-        m=model.m,
-        d=X.shape[1],
-        outputs=model.outputs,
-        b=model.b,
-        preprocess_time=time.perf_counter() - t0,
-        info={**info, **trainer.info, "lr_auto": lr_auto, "lr_halvings": halvings},
+    hist = History.of_run(
+        method,
+        trainer.lr,
+        model,
+        X,
+        t0,
+        {**info, **trainer.info, "lr_auto": lr_auto, "lr_halvings": halvings},
     )
     return trainer, hist
 
@@ -344,6 +341,8 @@ def _run(
             signal.signal(s, handler)
     hist.final_loss = trainer.final_loss()
     check_divergence(hist, trainer.lr, meta["patience"])
+    if "costs" in hist.info:  # method="auto": the measurement beside the model's estimate
+        hist.info["measured_s"] = hist.total_time
     write_weights(model, trainer)
     return hist
 

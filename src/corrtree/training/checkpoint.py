@@ -33,6 +33,7 @@ from .history import History
 __all__ = [
     "FORMAT",
     "CheckpointError",
+    "check_entries",
     "data_digest",
     "digest_of",
     "load_checkpoint",
@@ -184,20 +185,29 @@ def _manifest(path: str | os.PathLike, data: Any) -> dict[str, Any]:
         "meta": dict,
         "digest": str,
     }
+    check_entries(path, manifest, kinds)
+    if not manifest["lr"] > 0:
+        raise CheckpointError(f"{path}: manifest entry 'lr' must be > 0")
+    return manifest
+
+
+def check_entries(
+    path: str | os.PathLike, manifest: dict[str, Any], kinds: dict[str, type]
+) -> None:
+    """Every ``manifest[key]`` is a ``kind`` (``float``: a finite number, ``int``: not a
+    bool), or CheckpointError naming the entry."""
     for key, kind in kinds.items():
         value = manifest.get(key)
-        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
         if kind is float:
             ok = (
                 isinstance(value, int | float)
                 and not isinstance(value, bool)
                 and math.isfinite(value)
             )
+        else:
+            ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
         if not ok:
             raise CheckpointError(f"{path}: manifest entry {key!r} must be a {kind.__name__}")
-    if not manifest["lr"] > 0:
-        raise CheckpointError(f"{path}: manifest entry 'lr' must be > 0")
-    return manifest
 
 
 def model_from_arrays(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.stats import norm
 
-from .._validation import available_memory
+from .. import _config
 
 __all__ = ["BLAS_FLOPS", "SPARSE_OPS", "estimate", "fire_share"]
 
@@ -98,7 +98,7 @@ def estimate(
     if method == "lazy":
         return pre + iters * moved * per_neuron / SPARSE_OPS
     if method == "kernel":
-        if 8.0 * (n * K) ** 2 > 0.5 * available_memory():
+        if not _config.ntk_fits(n, K):
             return float("inf")  # the NTK matrix does not fit
         pre += m * k * k * K * K / SPARSE_OPS
         # every neuron is processed in the first few iterations, few afterwards

@@ -6,6 +6,7 @@ import csv
 import io
 import math
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,6 +97,24 @@ class History:
     info: dict[str, Any] = field(default_factory=dict)
     # while training runs: the trainer's W(t) accessor (see current_weights)
     weights_source: Callable[[], np.ndarray] | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def of_run(
+        cls, method: str, lr: float, model: Any, X: np.ndarray, started: float, info: dict[str, Any]
+    ) -> History:
+        """The empty History of a run of ``model`` on ``X`` whose set-up began at
+        ``started`` (``time.perf_counter()``) and ends now."""
+        return cls(
+            method=method,
+            lr=float(lr),
+            n=X.shape[0],
+            m=model.m,
+            d=X.shape[1],
+            outputs=model.outputs,
+            b=model.b,
+            preprocess_time=time.perf_counter() - started,
+            info=info,
+        )
 
     def current_weights(self) -> np.ndarray:
         """The weights after the last recorded iteration, as a new ``(m, d)`` array.

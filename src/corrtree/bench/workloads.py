@@ -1,0 +1,273 @@
+"""Whole runs where users train: five workloads, every method, PyTorch included.
+
+A whole run is everything ``train`` does: set-up (``G = XXᵀ``, the method's
+preprocessing), ``lr="auto"`` and every iteration, timed as one wall-clock
+interval in a fresh process.  Dense numpy and PyTorch run a few iterations and
+are extrapolated (their iterations all cost the same); the paper's tree
+methods too, when a whole run would exceed the time budget (same reason:
+every neuron moves every iteration).  The lazy and kernel methods run whole,
+up to a wall-clock budget past which the rest is extrapolated from the median
+of their last iterations (flagged).  Every method's first losses must match
+dense's (1e-9), and the fast methods' final weights each other's.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+from ..datasets import breast_cancer, digits, image_patches, sphere
+from ..model import TwoLayerReLU
+from ..training import train
+from ..training._train import choose_method
+from ._util import in_child, peak_rss_bytes, print_table, save_result
+
+__all__ = ["SIZES", "WORKLOADS", "run"]
+
+#: name -> (data, keyword arguments, m, iterations, target whole-run speed-up vs dense)
+WORKLOADS: dict[str, dict[str, Any]] = {
+    "W1": {
+        "data": "sphere",
+        "args": {"n": 1024, "d": 784},
+        "m": 2**17,
+        "iters": 300,
+        "target": 300.0,
+    },
+    "W2": {
+        "data": "patches",
+        "args": {"n": 2048, "size": 16},
+        "m": 2**16,
+        "iters": 200,
+        "target": 30.0,
+    },
+    "W3": {"data": "digits", "args": {}, "m": 2**17, "iters": 100, "target": 5.0},
+    "W4": {
+        "data": "sphere",
+        "args": {"n": 4096, "d": 784},
+        "m": 2**18,
+        "iters": 50,
+        "target": 50.0,
+    },
+    "W5": {"data": "breast_cancer", "args": {}, "m": 2**16, "iters": 300, "target": 2.0},
+}
+SIZES: dict[str, dict[str, Any]] = {
+    # small: the same workloads shrunk, to check the script (minutes)
+    "small": {"scale_m": 1 / 64, "scale_n": 1 / 8, "iters": 12, "budget_s": 60.0, "measured": 4},
+    "large": {"scale_m": 1.0, "scale_n": 1.0, "iters": None, "budget_s": 240.0, "measured": 5},
+}
+METHODS = ("dense", "torch", "dtree", "wtree", "lazy", "kernel")
+
+
+def load(data: str, args: dict[str, Any], scale_n: float) -> tuple[np.ndarray, np.ndarray]:
+    """The training inputs and targets of a workload."""
+    if data == "sphere":
+        ds = sphere(n=max(16, int(args["n"] * scale_n)), d=args["d"], seed=0)
+    elif data == "patches":
+        ds = image_patches(n=max(16, int(args["n"] * scale_n)), size=args["size"], seed=0)
+    elif data == "digits":
+        ds = digits(test_size=0, standardize=True)
+    else:
+        ds = breast_cancer(test_size=0)
+    return ds.X_train, ds.y_train.reshape(ds.X_train.shape[0], -1)
+
+
+def _warm(method: str, outputs: int) -> None:
+    """Load the compiled kernels outside the timed run."""
+    tiny = sphere(n=8, d=4, outputs=outputs, seed=1)
+    train(
+        TwoLayerReLU.init(d=4, m=64, outputs=outputs),
+        tiny.X_train,
+        tiny.y_train,
+        method=method,
+        iters=2,
+    )
+
+
+def one_run(
+    method: str,
+    data: str,
+    args: dict[str, Any],
+    scale_n: float,
+    m: int,
+    iters: int,
+    measured: int,
+    budget: float,
+    lr: float | None,
+) -> dict[str, Any]:
+    """One whole run in this (fresh) process."""
+    X, Y = load(data, args, scale_n)
+    K = Y.shape[1]
+    model = TwoLayerReLU.init(d=X.shape[1], m=m, outputs=K, seed=7)
+    if method == "torch":
+        from .train import torch_dense_gd
+
+        res = torch_dense_gd(model, X, Y if K > 1 else Y[:, 0], lr, measured)
+        times = res["times"]
+        return {
+            "total_s": float(sum(times) + (iters - measured) * np.median(times[1:])),
+            "iteration_median_s": float(np.median(times[1:])),
+            "measured": measured,
+            "extrapolated": True,
+            "loss": res["loss"],
+            "peak_rss_gib": peak_rss_bytes() / 2**30,
+        }
+    _warm(method, K)
+    run_iters = iters
+    extrapolate = method in ("dense", "dtree", "wtree")
+    if extrapolate:
+        run_iters = min(iters, measured)
+    t0 = time.perf_counter()
+
+    def within_budget(t: int, hist) -> bool:
+        return time.perf_counter() - t0 < budget or t + 1 >= iters
+
+    hist = train(
+        model,
+        X,
+        Y if K > 1 else Y[:, 0],
+        method=method,
+        iters=run_iters,
+        callback=None if extrapolate else within_budget,
+    )
+    wall = time.perf_counter() - t0
+    done = len(hist)
+    times = hist.iteration_times
+    tail = float(np.median(times[max(1, done // 2) :])) if done > 1 else float(times[0])
+    total = wall + (iters - done) * tail
+    flips = int(np.sum(hist.flips))
+    out = {
+        "method": hist.method,
+        "lr": hist.lr,
+        "total_s": float(total),
+        "wall_s": wall,
+        "measured": done,
+        "extrapolated": done < iters,
+        "setup_s": hist.preprocess_time - hist.info.get("lr_s", 0.0),
+        "lr_s": hist.info.get("lr_s", 0.0),
+        "phase_s": {
+            p: float(np.sum(getattr(hist, f"time_{p}")))
+            for p in ("query", "forward", "backward", "update")
+        },
+        "iteration_median_s": float(np.median(times)) if done else math.nan,
+        "second_half_median_s": tail,
+        "flips": flips,
+        "evaluated_pairs": int(np.sum(hist.evaluated_pairs)),
+        "evaluated_per_flip": float(np.sum(hist.evaluated_pairs)) / flips if flips else None,
+        "fired_pairs_at_init": hist.fired_pairs[0] if done else 0,
+        "loss": hist.loss[:measured],
+        "final_loss": hist.final_loss,
+        "sketch": (model.W[:: max(1, m // 64)] @ np.ones(X.shape[1])).tolist()
+        if done == iters
+        else None,
+        "peak_rss_gib": peak_rss_bytes() / 2**30,
+    }
+    if method == "kernel" and done:  # one nK × nK mat-vec, for the W1 target
+        H = np.random.default_rng(0).standard_normal((X.shape[0] * K,) * 2)
+        v = np.ones(X.shape[0] * K)
+        reps = []
+        for _ in range(20):
+            s = time.perf_counter()
+            H @ v
+            reps.append(time.perf_counter() - s)
+        out["matvec_s"] = float(np.median(reps))
+    return out
+
+
+def _auto_choice(
+    data: str, args: dict[str, Any], scale_n: float, m: int, iters: int
+) -> tuple[str, dict[str, float], float]:
+    X, Y = load(data, args, scale_n)
+    model = TwoLayerReLU.init(d=X.shape[1], m=m, outputs=Y.shape[1], seed=7)
+    t0 = time.perf_counter()
+    method, costs = choose_method(X, X @ X.T, model, iters)
+    return method, costs, time.perf_counter() - t0
+
+
+def run(
+    size: str = "large", out_dir: str = "benchmarks/results", only: str | None = None
+) -> dict[str, Any]:
+    """Every workload (or ``only`` one), every method; JSON to ``out_dir``."""
+    p = SIZES[size]
+    results: dict[str, Any] = {}
+    for name, w in WORKLOADS.items():
+        if only and name not in only.split(","):
+            continue
+        m = max(256, int(w["m"] * p["scale_m"]))
+        iters = p["iters"] or w["iters"]
+        common = (w["data"], w["args"], p["scale_n"], m, iters, p["measured"], p["budget_s"])
+        runs = {"dense": in_child(one_run, "dense", *common, None)}
+        for method in METHODS[1:]:
+            lr = runs["dense"]["lr"] if method == "torch" else None
+            try:
+                runs[method] = in_child(one_run, method, *common, lr)
+            except RuntimeError as exc:  # e.g. the NTK matrix does not fit
+                runs[method] = {"error": str(exc)}
+        if "total_s" in runs["torch"]:
+            runs["torch"]["total_s"] += runs["dense"]["setup_s"] + runs["dense"]["lr_s"]
+        chosen, costs, t_choice = in_child(_auto_choice, *common[:5])
+        ok = {k: r for k, r in runs.items() if "total_s" in r and k != "torch"}
+        fastest = min(ok, key=lambda k: ok[k]["total_s"])
+        auto_total = t_choice + ok[chosen]["total_s"] if chosen in ok else math.inf
+        ref = runs["dense"]["loss"]
+        agree = {
+            k: bool(
+                np.allclose(
+                    r["loss"][: len(ref)], ref[: len(r["loss"])], rtol=1e-9, atol=1e-12 * ref[0]
+                )
+            )
+            for k, r in runs.items()
+            if "loss" in r
+        }
+        sketches = [np.array(r["sketch"]) for k, r in ok.items() if r.get("sketch")]
+        same_w = all(
+            np.linalg.norm(s - sketches[0]) <= 1e-9 * np.linalg.norm(sketches[0]) for s in sketches
+        )
+        dense_total = runs["dense"]["total_s"]
+        results[name] = {
+            "workload": {**w, "m": m, "iters": iters},
+            "runs": runs,
+            "speedup_vs_dense": {
+                k: dense_total / r["total_s"] for k, r in runs.items() if "total_s" in r
+            },
+            "fastest": fastest,
+            "auto": {
+                "method": chosen,
+                "costs": costs,
+                "choice_s": t_choice,
+                "total_s": auto_total,
+                "vs_fastest": auto_total / ok[fastest]["total_s"],
+            },
+            "losses_agree_with_dense": agree,
+            "final_weights_agree": same_w,
+            "lr_vs_dense_iteration": {
+                k: r["lr_s"] / runs["dense"]["iteration_median_s"] for k, r in ok.items()
+            },
+        }
+        rows = [
+            [
+                k,
+                f"{r['total_s']:.3g}",
+                "yes" if r.get("extrapolated") else "",
+                f"{dense_total / r['total_s']:.3g}",
+                f"{r.get('lr_s', 0):.3g}",
+                r.get("evaluated_per_flip") and f"{r['evaluated_per_flip']:.3g}",
+            ]
+            if "total_s" in r
+            else [k, r["error"][:60], "", "", "", ""]
+            for k, r in runs.items()
+        ]
+        rows.append(
+            ["auto", f"{auto_total:.3g}", f"-> {chosen}", f"{dense_total / auto_total:.3g}", "", ""]
+        )
+        print_table(
+            f"{name}: {w['data']} m={m}, {iters} iterations (target {w['target']:.0f}x dense)",
+            ["method", "whole run (s)", "extrapolated", "vs dense", "lr (s)", "evaluated/flip"],
+            rows,
+        )
+        for r in runs.values():
+            r.pop("sketch", None)
+        save_result(out_dir, f"workloads_{size}", {"size": size, "results": results})
+    return {"size": size, "results": results}
