@@ -127,3 +127,17 @@ def test_digits_standardized_is_less_coherent():
 
     assert coherence(std.X_train) < 0.5 * coherence(plain.X_train)
     np.testing.assert_array_equal(std.y_train, plain.y_train)
+
+
+def test_image_patches_are_balanced_unit_rows_and_seeded():
+    ds = ct.datasets.image_patches(n=64, size=8, seed=3, n_test=16)
+    assert ds.X_train.shape == (64, 8 * 8 * 3) and ds.X_test.shape == (16, 192)
+    assert ds.task == "binary" and set(np.unique(ds.y_train)) == {-1.0, 1.0}
+    assert abs(np.sum(ds.y_train) + np.sum(ds.y_test)) <= 1  # half from each photo
+    np.testing.assert_allclose(np.linalg.norm(ds.X_train, axis=1), 1.0)
+    again = ct.datasets.image_patches(n=64, size=8, seed=3, n_test=16)
+    np.testing.assert_array_equal(again.X_train, ds.X_train)
+    other = ct.datasets.image_patches(n=64, size=8, seed=4, n_test=16)
+    assert not np.array_equal(other.X_train, ds.X_train)
+    with pytest.raises(ValueError, match="size must be at most"):
+        ct.datasets.image_patches(n=4, size=1000)

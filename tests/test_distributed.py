@@ -177,3 +177,39 @@ def test_the_core_does_not_import_dask():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_a_damaged_sharded_checkpoint_is_refused(tmp_path):
+    import json
+
+    X, y, model0 = _problem(1)
+    path = tmp_path / "c.npz"
+    _train(model0, X, y, method="lazy", iters=6, shards=2, checkpoint=path, checkpoint_every=3)
+    shard = sorted(tmp_path.glob("c.t*.shard1.npz"))[0]
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ct.CheckpointError):
+        ct.resume(path, X, y)
+    shard.write_bytes(data)
+    with np.load(path, allow_pickle=False) as z:
+        manifest = json.loads(str(z["manifest"]))
+        arrays = {k: np.array(z[k]) for k in z.files if k != "manifest"}
+    for damage in (
+        {"shards": []},
+        {"lr": "x"},
+        {"method": "nope"},
+        {"shards": [{"start": 0, "stop": 5, "file": "../x.npz"}]},
+    ):
+        np.savez(
+            tmp_path / "bad.npz", manifest=np.array(json.dumps({**manifest, **damage})), **arrays
+        )
+        with pytest.raises(ct.CheckpointError) as info:
+            ct.resume(tmp_path / "bad.npz", X, y)
+        assert "\n" not in str(info.value)
+    np.savez(
+        tmp_path / "bad.npz",
+        manifest=np.array(json.dumps(manifest)),
+        **{**arrays, "model_W": arrays["model_W"] * 2},
+    )
+    with pytest.raises(ct.CheckpointError, match="digest"):
+        ct.resume(tmp_path / "bad.npz", X, y)
