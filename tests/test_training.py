@@ -76,6 +76,7 @@ def test_lanczos_path_matches_dense_eigenvalue(monkeypatch):
     a = model.output_weights
     dense = _ntk.lambda_max(indptr, idx, G, a)
     monkeypatch.setattr(_config, "NTK_DENSE_EIG_LIMIT", 10)
+    monkeypatch.setattr(_config, "NTK_DENSE_MATVEC_LIMIT", 10)
     assert _ntk.lambda_max(indptr, idx, G, a) == pytest.approx(dense, rel=1e-9)
     H = _ntk.ntk_matrix(indptr, idx, G, a)
     np.testing.assert_allclose(H, _naive_ntk(model, X), rtol=1e-12, atol=1e-15)
@@ -224,5 +225,17 @@ def test_ntk_matvec_both_ways_against_the_dense_matrix(monkeypatch, scatter_cost
     matvec = _ntk.ntk_matvec(indptr, idx, G, a, None, X)
     np.testing.assert_allclose(matvec(v), H @ v, rtol=1e-12, atol=1e-12)
     monkeypatch.setattr(_config, "NTK_DENSE_EIG_LIMIT", 10)
+    monkeypatch.setattr(_config, "NTK_DENSE_MATVEC_LIMIT", 10)
     lam = _ntk.lambda_max(indptr, idx, G, a, None, None, X)
     assert lam == pytest.approx(np.linalg.eigvalsh(H)[-1], rel=1e-4)
+
+
+def test_lanczos_on_the_formed_matrix(monkeypatch):
+    X, _, model = _problem(40, 500, 8, 2, 6)
+    F = X @ model.W.T >= model.b
+    indptr, idx = ct.training._sparse.keys_to_csr(np.flatnonzero(F.T), model.m, 40)
+    G = X @ X.T
+    a = model.output_weights
+    want = np.linalg.eigvalsh(_ntk.ntk_matrix(indptr, idx, G, a))[-1]
+    monkeypatch.setattr(_config, "NTK_DENSE_EIG_LIMIT", 10)  # 80 > 10: Lanczos on H
+    assert _ntk.lambda_max(indptr, idx, G, a) == pytest.approx(want, rel=1e-4)

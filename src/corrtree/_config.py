@@ -98,6 +98,11 @@ SCATTER_COST = 50.0
 #: Lanczos runs on the sparse mat-vec.
 NTK_DENSE_EIG_LIMIT = 2048
 
+#: Up to this order (8·order² bytes: 512 MiB) ``lr="auto"`` forms the NTK matrix once,
+#: O(Σ_r k̃_r²·K²), and runs Lanczos on it: far cheaper than Lanczos on the sparse
+#: mat-vec, whose every step costs O(d·Σ_r k̃_r) or O(Σ_r k̃_r²) again.
+NTK_DENSE_MATVEC_LIMIT = 8192
+
 #: Halvings of ``lr="auto"`` tried by the estimators and the CLI when a run
 #: diverges (``1/λ_max`` assumes fire sets that barely change).
 LR_RETRIES = 4

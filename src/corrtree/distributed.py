@@ -43,7 +43,13 @@ from . import _config
 from ._io import atomic_savez, remove_stale_temporaries
 from .model import TwoLayerReLU
 from .training._base import PHASES, Trainer
-from .training._ntk import lr_from_lambda, ntk_matrix, ntk_matvec, top_eigenvalue
+from .training._ntk import (
+    dense_top_eigenvalue,
+    lr_from_lambda,
+    ntk_matrix,
+    ntk_matvec,
+    top_eigenvalue,
+)
 from .training._registry import TRAINERS
 from .training._state import CheckpointError
 from .training._train import STOP_SIGNALS, check_divergence
@@ -349,10 +355,9 @@ def train_sharded(
     t_lr = time.perf_counter()
     if lr == "auto":
         order = X.shape[0] * model.outputs
-        if order <= _config.NTK_DENSE_EIG_LIMIT:
-            H = sum(pool.call("ntk", [(True,)] * count))
-            lam = top_eigenvalue(order, H=H)
-        else:
+        if order <= _config.NTK_DENSE_MATVEC_LIMIT:  # the shares, summed once
+            lam = dense_top_eigenvalue(sum(pool.call("ntk", [(True,)] * count)))
+        else:  # Lanczos, one round trip per step
             pool.call("ntk", [(False,)] * count)
             lam = top_eigenvalue(order, lambda v: sum(pool.call("ntk_matvec", [(v,)] * count)))
         lr = lr_from_lambda(lam)

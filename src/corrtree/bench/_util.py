@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import platform
+import queue as queue_module
 import resource
 import sys
 import time
@@ -93,7 +94,15 @@ def in_child(func: Callable[..., Any], *args: Any) -> Any:
     queue = ctx.Queue()
     proc = ctx.Process(target=_child_entry, args=(queue, func, args))
     proc.start()
-    status, value = queue.get()
+    while True:  # a child killed (e.g. out of memory) never answers: do not wait for it
+        try:
+            status, value = queue.get(timeout=2.0)
+            break
+        except queue_module.Empty:
+            if not proc.is_alive():
+                raise RuntimeError(
+                    f"benchmark child died (exit code {proc.exitcode}; out of memory?)"
+                ) from None
     proc.join()
     if status != "ok":
         raise RuntimeError(f"benchmark child failed: {value}")

@@ -13,12 +13,15 @@ dense's (1e-9), and the fast methods' final weights each other's.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 from typing import Any
 
 import numpy as np
 
+from .._validation import available_memory
 from ..datasets import breast_cancer, digits, image_patches, sphere
 from ..model import TwoLayerReLU
 from ..training import train
@@ -103,6 +106,10 @@ def one_run(
     model = TwoLayerReLU.init(d=X.shape[1], m=m, outputs=K, seed=7)
     if method == "torch":
         from .train import torch_dense_gd
+
+        need = 4 * 8.0 * X.shape[0] * m  # products, ReLU, and what autograd keeps of them
+        if need > available_memory():
+            raise MemoryError(f"PyTorch dense GD needs about {need / 2**30:.0f} GiB here")
 
         res = torch_dense_gd(model, X, Y if K > 1 else Y[:, 0], lr, measured)
         times = res["times"]
@@ -192,6 +199,10 @@ def run(
     """Every workload (or ``only`` one), every method; JSON to ``out_dir``."""
     p = SIZES[size]
     results: dict[str, Any] = {}
+    previous = os.path.join(out_dir, f"workloads_{size}.json")
+    if only and os.path.exists(previous):  # re-running some workloads keeps the others
+        with open(previous, encoding="utf-8") as fh:
+            results = json.load(fh)["results"]
     for name, w in WORKLOADS.items():
         if only and name not in only.split(","):
             continue

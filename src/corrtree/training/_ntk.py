@@ -19,6 +19,7 @@ from .. import _config
 from ._sparse import transpose_csr
 
 __all__ = [
+    "dense_top_eigenvalue",
     "lambda_max",
     "lr_from_lambda",
     "ntk_matrix",
@@ -215,16 +216,30 @@ def lambda_max(
 
     Up to order :data:`~corrtree._config.NTK_DENSE_EIG_LIMIT` ``H`` is formed (or
     taken from ``H``, which must be :func:`ntk_matrix` of the same fire sets) and
-    LAPACK gives the eigenvalue; beyond, Lanczos runs on the sparse mat-vec
+    LAPACK gives the eigenvalue; up to
+    :data:`~corrtree._config.NTK_DENSE_MATVEC_LIMIT` Lanczos runs on the formed
+    matrix (one BLAS mat-vec a step); beyond, Lanczos runs on the sparse mat-vec
     (:func:`top_eigenvalue`, :func:`ntk_matvec`; ``X`` lets it rebuild Gram sums
     from the data when that is cheaper).  The result is deterministic for given inputs.
     """
     order = G.shape[0] * a.shape[1]
     if idx_r.shape[0] == 0:
         return 0.0
-    if order <= _config.NTK_DENSE_EIG_LIMIT:
-        return top_eigenvalue(order, H=ntk_matrix(indptr_r, idx_r, G, a, width) if H is None else H)
+    if H is None and order <= _config.NTK_DENSE_MATVEC_LIMIT:
+        H = ntk_matrix(indptr_r, idx_r, G, a, width)
+    if H is not None:
+        return dense_top_eigenvalue(H)
     return top_eigenvalue(order, ntk_matvec(indptr_r, idx_r, G, a, width, X))
+
+
+def dense_top_eigenvalue(H: np.ndarray) -> float:
+    """``λ_max`` of a formed NTK matrix: LAPACK up to order
+    :data:`~corrtree._config.NTK_DENSE_EIG_LIMIT`, else Lanczos with one BLAS
+    mat-vec per step."""
+    order = H.shape[0]
+    if order <= _config.NTK_DENSE_EIG_LIMIT:
+        return top_eigenvalue(order, H=H)
+    return top_eigenvalue(order, lambda v: H @ v)
 
 
 def lr_from_lambda(lam: float) -> float:
