@@ -47,6 +47,29 @@ def _perturb(st, rng, scale=0.05):
     return 0.7  # eta_s
 
 
+def _evaluate(st, r, scratch, eta_s, f_j, f_v, f_on):
+    """:func:`_pairs.evaluate_neuron` with the exact step (no error given)."""
+    return _pairs.evaluate_neuron(
+        r,
+        st.seg,
+        st.nf,
+        st.pool.arrays,
+        scratch,
+        st.a,
+        st.E,
+        np.empty((0, st.K)),
+        st.G,
+        st.xnorm,
+        eta_s,
+        st.b,
+        1.0,
+        f_j,
+        f_v,
+        f_on,
+        0,
+    )
+
+
 def _entries(st, r):
     s0, cnt = st.seg[r, START], st.seg[r, CNT]
     return st.pool.arrays.j[s0 : s0 + cnt]
@@ -117,25 +140,7 @@ def test_evaluate_neuron_flips_exactly_the_crossed_pairs():
     none = np.empty(0, dtype=np.int64)
     total = 0
     for r in range(st.m):
-        pos, _, _ = _pairs.evaluate_neuron(
-            r,
-            st.seg,
-            st.nf,
-            st.pool.arrays,
-            scratch,
-            st.a,
-            st.E,
-            np.empty((0, st.K)),
-            st.G,
-            st.xnorm,
-            eta_s,
-            st.b,
-            1.0,
-            none,
-            np.empty(0),
-            np.empty(0, np.bool_),
-            0,
-        )
+        pos, _, _ = _evaluate(st, r, scratch, eta_s, none, np.empty(0), np.empty(0, np.bool_))
         total += pos
         j = _entries(st, r)
         s0, cnt = st.seg[r, START], st.seg[r, CNT]
@@ -204,25 +209,7 @@ def test_apply_flips_keeps_h_the_ntk_of_the_fire_sets():
     for r in range(st.m):
         cap = st.seg[r, CNT]
         f_j, f_v, f_on = np.empty(cap, np.int64), np.empty(cap), np.empty(cap, np.bool_)
-        pos, _, _ = _pairs.evaluate_neuron(
-            r,
-            st.seg,
-            st.nf,
-            st.pool.arrays,
-            scratch,
-            st.a,
-            st.E,
-            np.empty((0, st.K)),
-            st.G,
-            st.xnorm,
-            eta_s,
-            st.b,
-            1.0,
-            f_j,
-            f_v,
-            f_on,
-            0,
-        )
+        pos, _, _ = _evaluate(st, r, scratch, eta_s, f_j, f_v, f_on)
         fr += [r] * pos
         fj += list(f_j[:pos])
         fv += list(f_v[:pos])

@@ -27,6 +27,7 @@ __all__ = [
     "rss_bytes",
     "save_result",
     "slope",
+    "warm_kernels",
 ]
 
 
@@ -162,3 +163,21 @@ def loglog_plot(
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def warm_kernels(method: str, outputs: int = 1, **options: Any) -> None:
+    """Load the method's compiled kernels, so that a timed run that follows does not
+    include it: two iterations on a tiny problem."""
+    from ..datasets import sphere
+    from ..model import TwoLayerReLU
+    from ..training import train
+
+    tiny = sphere(n=8, d=4, outputs=outputs, seed=1)
+    train(
+        TwoLayerReLU.init(d=4, m=64, outputs=outputs),
+        tiny.X_train,
+        tiny.y_train,
+        method=method,
+        iters=2,
+        **options,
+    )

@@ -17,7 +17,15 @@ import numpy as np
 from ..datasets import digits, sphere
 from ..model import TwoLayerReLU
 from ..training import train
-from ._util import in_child, loglog_plot, peak_rss_bytes, print_table, save_result, slope
+from ._util import (
+    in_child,
+    loglog_plot,
+    peak_rss_bytes,
+    print_table,
+    save_result,
+    slope,
+    warm_kernels,
+)
 
 __all__ = ["run_kernel", "run_lazy"]
 
@@ -98,16 +106,8 @@ def run_one(
     else:
         ds = sphere(n=n, d=d, seed=seed)
         X, Y, outputs = ds.X_train, ds.y_train, 1
-    if method != "torch":  # load the compiled kernels outside the timed run
-        tiny = sphere(n=8, d=4, outputs=outputs, seed=1)
-        train(
-            TwoLayerReLU.init(d=4, m=64, outputs=outputs),
-            tiny.X_train,
-            tiny.y_train,
-            method=method,
-            iters=2,
-            **(options or {}),
-        )
+    if method != "torch":
+        warm_kernels(method, outputs, **(options or {}))
     model = TwoLayerReLU.init(d=X.shape[1], m=m, outputs=outputs, seed=seed)
     if method == "torch":
         t0 = time.perf_counter()

@@ -26,7 +26,7 @@ from ..datasets import breast_cancer, digits, image_patches, sphere
 from ..model import TwoLayerReLU
 from ..training import train
 from ..training._train import choose_method
-from ._util import in_child, peak_rss_bytes, print_table, save_result
+from ._util import in_child, peak_rss_bytes, print_table, save_result, warm_kernels
 
 __all__ = ["SIZES", "WORKLOADS", "run"]
 
@@ -77,18 +77,6 @@ def load(data: str, args: dict[str, Any], scale_n: float) -> tuple[np.ndarray, n
     return ds.X_train, ds.y_train.reshape(ds.X_train.shape[0], -1)
 
 
-def _warm(method: str, outputs: int) -> None:
-    """Load the compiled kernels outside the timed run."""
-    tiny = sphere(n=8, d=4, outputs=outputs, seed=1)
-    train(
-        TwoLayerReLU.init(d=4, m=64, outputs=outputs),
-        tiny.X_train,
-        tiny.y_train,
-        method=method,
-        iters=2,
-    )
-
-
 def one_run(
     method: str,
     data: str,
@@ -121,7 +109,7 @@ def one_run(
             "loss": res["loss"],
             "peak_rss_gib": peak_rss_bytes() / 2**30,
         }
-    _warm(method, K)
+    warm_kernels(method, K)
     run_iters = iters
     extrapolate = method in ("dense", "dtree", "wtree")
     if extrapolate:
