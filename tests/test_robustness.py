@@ -370,6 +370,15 @@ def test_a_killed_checkpoint_write_leaves_no_temporary(tmp_path):
     assert not stale.exists() and path.exists()
 
 
+def _one_row(**row):
+    """A History of one iteration; columns not given are 0."""
+    from corrtree.training.history import COLUMNS
+
+    hist = ct.History(method="kernel", lr=1.0, n=1, m=1, d=1, outputs=1, b=1.0)
+    hist.append(**{k: row.get(k, 0) for k in COLUMNS})
+    return hist
+
+
 # -- 9. progress bars -------------------------------------------------------------------
 
 
@@ -381,20 +390,7 @@ def test_progress_bar_fits_the_terminal(width):
 
     buf = io.StringIO()
     console = Console(file=buf, width=width, force_terminal=False, color_system=None)
-    hist = ct.History(method="kernel", lr=1.0, n=1, m=1, d=1, outputs=1, b=1.0)
-    hist.append(
-        loss=94.78123,
-        fired_pairs=12_345_678,
-        moved_neurons=1,
-        flips=0,
-        time_query=0,
-        time_forward=0,
-        time_backward=0,
-        time_update=0,
-        band_pairs=0,
-        reanchored=0,
-        evaluated_pairs=0,
-    )
+    hist = _one_row(loss=94.78123, fired_pairs=12_345_678, moved_neurons=1)
     with cli.Progress(1000, "kernel", console=console) as progress:
         progress(499, hist)
     line = buf.getvalue().rstrip("\n")
@@ -408,20 +404,7 @@ def test_progress_bar_fits_the_terminal(width):
 def test_check_divergence_uses_the_final_loss():
     from corrtree.training._train import check_divergence
 
-    hist = ct.History(method="dense", lr=1.0, n=1, m=1, d=1, outputs=1, b=1.0)
-    hist.append(
-        loss=1.0,
-        fired_pairs=0,
-        moved_neurons=0,
-        flips=0,
-        time_query=0,
-        time_forward=0,
-        time_backward=0,
-        time_update=0,
-        band_pairs=0,
-        reanchored=0,
-        evaluated_pairs=0,
-    )
+    hist = _one_row(loss=1.0)
     hist.final_loss = 1e30
     with pytest.raises(ct.TrainingDiverged, match="after the last iteration"):
         check_divergence(hist, 1.0, 5)
