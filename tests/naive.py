@@ -56,6 +56,31 @@ def gradient_descent(W, a, b, X, Y, lr, iters):
     return W, losses
 
 
+def sgd(W, a, b, X, Y, lr, batches, factors, momentum=0.0, nesterov=False, weight_decay=0.0):
+    """Mini-batch SGD as ``torch.optim.SGD`` documents it, from the formulas: for each
+    batch ``B`` (index array) and lr factor, ``d = ∇L_B + λw``, ``v = μv + d`` (``v = d``
+    the first time), ``w -= lr·factor·(d + μv if nesterov else v)``.  Returns ``W``
+    and the batch losses."""
+    W = W.copy()
+    a = a.reshape(W.shape[0], -1)
+    Y = Y.reshape(X.shape[0], -1)
+    m = W.shape[0]
+    V = None
+    losses = []
+    for B, f in zip(batches, factors, strict=True):
+        Xb, Yb = X[B], Y[B]
+        U = np.einsum("rd,id->ri", W, Xb)
+        err = relu_net_outputs(W, a, b, Xb) - Yb
+        losses.append(0.5 * float(np.sum(err**2)))
+        coef = (U >= b) * np.einsum("rk,ik->ri", a, err) / np.sqrt(m)
+        d = np.einsum("ri,id->rd", coef, Xb) + weight_decay * W
+        if momentum:
+            V = d.copy() if V is None else momentum * V + d
+            d = d + momentum * V if nesterov else V
+        W = W - lr * f * d
+    return W, losses
+
+
 # -- band trainers: brute-force twins of the kernels in corrtree.training._pairs ------
 
 

@@ -250,5 +250,5 @@ def test_stepped_rows_is_the_sparse_gradient_step():
     F = rng.random((m, n)) < 0.2
     indptr, idx = keys_to_csr(np.flatnonzero(F), m, n)
     rows = np.flatnonzero(F.any(axis=1)).astype(np.int64)
-    got = stepped_rows(W, rows, indptr, idx, X, a, err, 0.3)
+    got = stepped_rows(W[rows], rows, indptr, idx, X, a, err, 0.3)
     np.testing.assert_allclose(got, sparse_step(W, F, X, a, err, 0.3)[rows], atol=1e-13)

@@ -23,6 +23,7 @@ from .distributed import WorkerLost
 from .model import TwoLayerReLU
 from .preprocessing import InputTransform, load_transform
 from .training import METHODS, CheckpointError, History, TrainingDiverged, resume, train
+from .training.optim import SCHEDULES
 
 BUILTIN_DATA = ("digits", "breast_cancer", "sphere")
 EXIT_ERROR = 1
@@ -240,6 +241,15 @@ def _print_summary(summary: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------
 
 
+def _steps(n: int, iters: int | None, batch_size: int | None, epochs: int | None) -> int:
+    """The number of steps of a run (for the progress bar)."""
+    if iters is not None and epochs is not None:
+        raise CliError("give --iters or --epochs, not both")
+    if epochs is None:
+        return 100 if iters is None else iters
+    return epochs * -(-n // min(batch_size or n, n))
+
+
 def output_dir(path: Path, option: str) -> Path:
     """``path`` as a folder that exists and takes files, checked before any work."""
     if path.exists() and not path.is_dir():
@@ -273,12 +283,23 @@ def cmd_train(args: argparse.Namespace) -> int:
         d=ds.X_train.shape[1], m=args.width, outputs=ds.outputs, seed=args.seed
     )
     run_id = uuid.uuid4().hex
+    sgd = {
+        "batch_size": args.batch_size,
+        "epochs": args.epochs,
+        "momentum": args.momentum,
+        "nesterov": args.nesterov,
+        "weight_decay": args.weight_decay,
+        "schedule": args.schedule,
+        "shuffle_seed": args.seed,
+    }
+    steps = _steps(ds.X_train.shape[0], args.iters, args.batch_size, args.epochs)
+    eval_set = (ds.X_test, ds.y_test) if ds.X_test.shape[0] else None
     settings = {k: v for k, v in vars(args).items() if k not in ("func", "resume")}
     atomic_write_json(out / "run.json", {**settings, "run_id": run_id, "finished": False})
     try:
         with (
             cluster(args.workers, args.scheduler) as client,
-            Progress(args.iters, args.method, args.quiet) as progress,
+            Progress(steps, args.method, args.quiet) as progress,
         ):
             hist = train(
                 model,
@@ -288,6 +309,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                 lr=lr,
                 iters=args.iters,
                 callback=progress,
+                eval_set=eval_set if args.batch_size or args.epochs else None,
+                **sgd,
                 checkpoint=out / "checkpoint.npz",
                 checkpoint_every=args.checkpoint_every,
                 run_id=run_id,
@@ -362,6 +385,13 @@ def _finish(
     }
     if "costs" in hist.info:  # method="auto": what the model expected, next to the measurement
         extra["cost_model_s"] = hist.info["costs"]
+    if hist.epoch_loss:  # mini-batch SGD
+        extra["optimizer"] = {
+            k: run.get(k)
+            for k in ("batch_size", "epochs", "momentum", "nesterov", "weight_decay", "schedule")
+        }
+        extra["steps_per_epoch"] = hist.info.get("steps_per_epoch")
+        extra["epoch_train_loss"] = hist.epoch_loss[-1]
     if hist.info.get("worker_peak_rss"):
         extra["workers"] = len(hist.info["worker_peak_rss"])
         extra["worker_peak_rss_gib"] = [r / 2**30 for r in hist.info["worker_peak_rss"]]
@@ -381,7 +411,7 @@ def _resume(out: Path, quiet: bool, workers: int | None, scheduler: str | None) 
         # runs written before standardization existed did not standardize
         args = argparse.Namespace(**{"header": None, "no_standardize": True, **run})
         data, seed, test_size = args.data, args.seed, args.test_size
-        normalize, task, iters = not args.no_normalize, args.task, args.iters
+        normalize, task = not args.no_normalize, args.task
     except (ValueError, TypeError, AttributeError) as exc:
         raise CliError(f"{run_file} is damaged ({exc})") from None
     if run.get("finished"):
@@ -390,6 +420,12 @@ def _resume(out: Path, quiet: bool, workers: int | None, scheduler: str | None) 
     if not ck.is_file():
         raise CliError(f"{out} has no checkpoint: the run stopped before its first one")
     ds = load_data(data, seed, test_size, normalize, task, args.header, not args.no_standardize)
+    iters = _steps(
+        ds.X_train.shape[0],
+        args.iters,
+        getattr(args, "batch_size", None),
+        getattr(args, "epochs", None),
+    )
     if workers is None and scheduler is None:  # the run's own cluster, unless told otherwise
         workers, scheduler = run.get("workers"), run.get("scheduler")
     try:
@@ -401,6 +437,9 @@ def _resume(out: Path, quiet: bool, workers: int | None, scheduler: str | None) 
                 callback=progress,
                 run_id=run.get("run_id"),
                 client=client,
+                eval_set=(ds.X_test, ds.y_test)
+                if ds.X_test.shape[0] and (run.get("batch_size") or run.get("epochs"))
+                else None,
             )
     except KeyboardInterrupt as exc:
         raise _interrupted(exc, out) from None
@@ -677,11 +716,34 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="training method (default auto: cheapest by the cost model)",
     )
-    p.add_argument("--iters", type=_count, default=100, help="gradient steps (default 100)")
+    p.add_argument(
+        "--iters", type=_count, default=None, help="gradient steps (default 100; or --epochs)"
+    )
     p.add_argument(
         "--lr",
         default="auto",
         help="learning rate, or 'auto' for 1/λ_max of the NTK matrix (default)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=None,
+        help="mini-batch SGD with batches of N training points (default: full batch)",
+    )
+    p.add_argument(
+        "--epochs", type=_count, default=None, help="passes over the data (instead of --iters)"
+    )
+    p.add_argument("--momentum", type=float, default=0.0, help="momentum μ in [0, 1) (default 0)")
+    p.add_argument("--nesterov", action="store_true", help="Nesterov momentum")
+    p.add_argument(
+        "--weight-decay", type=float, default=0.0, help="weight decay λ >= 0 (default 0)"
+    )
+    p.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        default="constant",
+        help="learning-rate schedule: constant, step (×0.1 at 1/2 and 3/4 of the epochs) "
+        "or cosine (default constant)",
     )
     p.add_argument(
         "--seed",

@@ -52,7 +52,7 @@ from .training._ntk import (
 )
 from .training._registry import TRAINERS
 from .training._state import CheckpointError
-from .training._train import STOP_SIGNALS, check_divergence
+from .training._train import STOP_SIGNALS, Run, check_divergence
 from .training.checkpoint import (
     check_entries,
     data_digest,
@@ -63,6 +63,7 @@ from .training.checkpoint import (
     save_checkpoint,
 )
 from .training.history import History
+from .training.optim import LinearStep
 
 __all__ = [
     "SHARDED_FORMAT",
@@ -201,14 +202,24 @@ class Shard:
         self.G = X @ X.T
 
     # -- training ----------------------------------------------------------------------
-    def advance(self, err: np.ndarray) -> tuple[dict[str, Any], np.ndarray, int]:
-        """One step: the History row (no loss), the share of ``u(t+1)``, peak RSS."""
+    def advance(
+        self, err: np.ndarray, step: LinearStep | None, batch: np.ndarray | None
+    ) -> tuple[dict[str, Any], np.ndarray, int]:
+        """One step (``step``: of a linear optimizer): the History row (no loss), the
+        share of ``u(t+1)`` at the points ``batch`` of the next step (all: ``None``),
+        peak RSS."""
         _limit_threads()
-        row = self.trainer.advance(err)
-        return row, self.trainer.outputs(), _peak_rss()
+        row = self.trainer.advance(err, step)
+        u = self.trainer.outputs() if batch is None else self.trainer.batch_outputs(batch)
+        return row, u, _peak_rss()
 
     def final_outputs(self) -> np.ndarray:
         return self.trainer.outputs()
+
+    def outputs_at(self, X: np.ndarray) -> np.ndarray:
+        """The share of the outputs at held-out points ``X``."""
+        _limit_threads()
+        return self.trainer.outputs_at(X)
 
     def weights(self, start: int, stop: int) -> np.ndarray:
         """Rows ``start:stop`` (slice-local) of the current weights."""
@@ -330,7 +341,8 @@ def train_sharded(
     callback: Callable | None,
     checkpoint: Any,
     options: dict[str, Any],
-    shards: int | None = None,
+    shards: int | None,
+    run: Run,
 ) -> History:
     """:func:`corrtree.train` with ``client``: one shard per worker (or ``shards``)."""
     if method not in TRAINERS:
@@ -370,9 +382,8 @@ def train_sharded(
     }
     parts = pool.call("start", [(lr,)] * count)
     hist = History.of_run(method, lr, model, X, t0, {**info, "lr_auto": meta.get("lr_auto", False)})
-    return _drive(
-        model, Y, pool, slices, parts, hist, {**meta, "options": options}, callback, checkpoint
-    )
+    meta = {**meta, "options": options}
+    return _drive(model, Y, pool, slices, parts, hist, meta, callback, checkpoint, run)
 
 
 def resume_sharded(
@@ -384,7 +395,8 @@ def resume_sharded(
     callback: Callable | None,
     checkpoint: Any,
     iters: int | None,
-    shards: int | None = None,
+    shards: int | None,
+    run: Run,
 ) -> tuple[TwoLayerReLU, History]:
     """Continue a sharded run: bit for bit with the same shards, from ``W(t)`` otherwise."""
     path = Path(path)
@@ -430,7 +442,9 @@ def resume_sharded(
     if iters is not None:
         meta["iters"] = iters
     hist.info.update(shards=count, workers=pool.workers, slices=slices)
-    return model, _drive(model, Y, pool, slices, parts, hist, meta, callback, checkpoint or path)
+    return model, _drive(
+        model, Y, pool, slices, parts, hist, meta, callback, checkpoint or path, run
+    )
 
 
 def _check_manifest(path: Path, manifest: dict[str, Any]) -> None:
@@ -474,7 +488,7 @@ def _arrays(path: Path) -> dict[str, np.ndarray]:
         return {k: np.array(data[k]) for k in data.files if k != "manifest"}
 
 
-def _drive(model, Y, pool, slices, parts, hist, meta, callback, checkpoint) -> History:
+def _drive(model, Y, pool, slices, parts, hist, meta, callback, checkpoint, run) -> History:
     """The iterations from ``len(hist)`` to ``meta["iters"]``, then ``W(T)`` into ``model``."""
     count = len(slices)
     stop: list[int] = []
@@ -488,12 +502,17 @@ def _drive(model, Y, pool, slices, parts, hist, meta, callback, checkpoint) -> H
     last_saved = None
     t = len(hist) - 1
     try:
+        opt = run.start(model, hist, meta, Y.shape[0])
+        if hist.method in ("lazy", "kernel"):
+            opt.check_scaling(model.b, len(hist))
         u = sum(parts)
+        first = opt.batch(len(hist))
+        u = u if first is None else u[first]
         for t in range(len(hist), meta["iters"]):
             t0 = time.perf_counter()
-            err = u - Y
-            loss = 0.5 * float(np.einsum("ik,ik->", err, err))
-            results = pool.call("advance", [(err,)] * count)
+            err, loss, step = opt.errors(t, u, Y)
+            following = opt.batch(t + 1) if t + 1 < meta["iters"] else None
+            results = pool.call("advance", [(err, step, following)] * count)
             if isinstance(pool, _Actors):  # what crossed the network, serialized
                 moved = count * len(pickle.dumps(err, protocol=5)) + sum(
                     len(pickle.dumps(r, protocol=5)) for r in results
@@ -508,7 +527,14 @@ def _drive(model, Y, pool, slices, parts, hist, meta, callback, checkpoint) -> H
             times["time_forward"] += max(0.0, time.perf_counter() - t0 - sum(times.values()))
             hist.append(loss=loss, **row, **times)
             hist.info["worker_peak_rss"] = rss
-            check_divergence(hist, hist.lr, meta["patience"])
+            run.end_step(
+                hist,
+                t,
+                lambda: sum(pool.call("final_outputs", [()] * count)),
+                lambda Xv: sum(pool.call("outputs_at", [(Xv,)] * count)),
+                Y,
+                meta,
+            )
             if callback is not None and callback(t, hist) is False:
                 break
             every = meta["checkpoint_every"]

@@ -20,7 +20,7 @@ from .training.history import History
 
 __all__ = ["FIGURES", "training_figures", "write_report"]
 
-FIGURES = ("loss", "sparsity", "moved", "timing")
+FIGURES = ("loss", "sparsity", "moved", "timing", "epochs")
 
 
 def _pyplot():
@@ -41,7 +41,8 @@ def training_figures(history: History, out_dir: str | os.PathLike) -> dict[str, 
     * fired neurons per data point (``Σ_i k_{i,t} / n``) over the iterations,
       next to the expected ``m·Q(b)`` and the paper's ``m^(4/5)``;
     * neurons moved per iteration (``|∪_i S_{i,fire}(t)|``) out of ``m``;
-    * wall time per iteration, by phase.
+    * wall time per iteration, by phase;
+    * mini-batch runs: ``epochs.png`` (:func:`_epoch_figure`).
     """
     plt = _pyplot()
     out = Path(out_dir)
@@ -100,7 +101,39 @@ def training_figures(history: History, out_dir: str | os.PathLike) -> dict[str, 
     ax.legend(fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
     paths["timing"] = _save(fig, out / "timing.png", plt)
+    if history.epoch_loss:
+        paths["epochs"] = _epoch_figure(history, out, title, plt)
     return paths
+
+
+def _epoch_figure(history: History, out: Path, title: str, plt) -> Path:
+    """Mini-batch runs: the loss of each step's batch and, after every epoch, the loss
+    on all training points and on the held-out data (per point, so the three compare);
+    beside it the flips per step."""
+    per_epoch = history.info.get("steps_per_epoch", 1)
+    size = history.info.get("batch_size", history.n)
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10.0, 4.0))
+    steps = np.arange(len(history))
+    points = np.minimum(size, history.n - (steps % per_epoch) * size)  # the last is shorter
+    ax.semilogy(steps, np.asarray(history.loss) / points, lw=0.8, alpha=0.6, label="batch")
+    ends = np.minimum((np.arange(len(history.epoch_loss)) + 1) * per_epoch, len(history)) - 1
+    ax.semilogy(ends, np.asarray(history.epoch_loss) / history.n, "o-", label="train (epoch)")
+    test = np.asarray(history.epoch_test_loss, dtype=float)
+    if np.isfinite(test).any() and "test_points" in history.info:
+        ax.semilogy(ends, test / history.info["test_points"], "s-", label="held-out (epoch)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss per point ½ ||f(x) - y||²")
+    ax.set_title(f"SGD loss ({title})", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax2.plot(steps, history.flips, lw=0.8, label="flips")
+    ax2.plot(steps, history.fired_pairs, lw=0.8, label="fired pairs")
+    ax2.set_yscale("symlog")
+    ax2.set_xlabel("step")
+    ax2.set_title("Fired pairs and flips per step", fontsize=10)
+    ax2.grid(True, alpha=0.3)
+    ax2.legend(fontsize=8)
+    return _save(fig, out / "epochs.png", plt)
 
 
 def _save(fig, path: Path, plt) -> Path:
@@ -134,6 +167,7 @@ def write_report(
         f'<figure><img alt="{name}" src="data:image/png;base64,'
         f'{base64.b64encode(paths[name].read_bytes()).decode()}"></figure>'
         for name in FIGURES
+        if name in paths
     )
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>

@@ -34,6 +34,12 @@ class _CorrTreeBase(BaseEstimator):
         normalize: bool = True,
         standardize: bool = True,
         random_state: int | None = None,
+        batch_size: int | None = None,
+        epochs: int | None = None,
+        momentum: float = 0.0,
+        nesterov: bool = False,
+        weight_decay: float = 0.0,
+        schedule: str | None = None,
     ) -> None:
         self.width = width
         self.method = method
@@ -43,6 +49,12 @@ class _CorrTreeBase(BaseEstimator):
         self.normalize = normalize
         self.standardize = standardize
         self.random_state = random_state
+        self.batch_size = batch_size
+        self.epochs = epochs
+        self.momentum = momentum
+        self.nesterov = nesterov
+        self.weight_decay = weight_decay
+        self.schedule = schedule
 
     def _fit(self, X: np.ndarray, Y: np.ndarray) -> None:
         if (
@@ -69,8 +81,15 @@ class _CorrTreeBase(BaseEstimator):
             Y,
             method=self.method,
             lr=self.lr,
-            iters=self.iters,
+            iters=None if self.epochs is not None else self.iters,
             lr_retries=_config.LR_RETRIES,
+            batch_size=self.batch_size,
+            epochs=self.epochs,
+            momentum=self.momentum,
+            nesterov=self.nesterov,
+            weight_decay=self.weight_decay,
+            schedule=self.schedule,
+            shuffle_seed=int(seed),
         )
         self.n_iter_ = len(self.history_)
 
@@ -82,7 +101,7 @@ class _CorrTreeBase(BaseEstimator):
 
 
 class CorrTreeRegressor(RegressorMixin, _CorrTreeBase):
-    """Regression with 2NN(m, b) trained by exact full-batch gradient descent.
+    """Regression with 2NN(m, b) trained by exact gradient descent (full batch or SGD).
 
     Parameters
     ----------
@@ -105,7 +124,10 @@ class CorrTreeRegressor(RegressorMixin, _CorrTreeBase):
         Centre and scale every feature with the training data's mean and
         deviation first (``transform_``, applied again by ``predict``).
     random_state : int, optional
-        Seed of the initialization.
+        Seed of the initialization and of the batch order.
+    batch_size, epochs, momentum, nesterov, weight_decay, schedule
+        Mini-batch SGD as :func:`corrtree.train` (default: full batch, ``iters``
+        steps; with ``epochs``, ``iters`` is not used).
 
     Attributes
     ----------

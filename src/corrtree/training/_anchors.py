@@ -58,7 +58,7 @@ def fill_new_anchors(V, inner, off, rows, tau, leaf_err, exact, seg, pool, b):
     ever-fired prefix.
     """
     # numba does not write through a namedtuple's fields inside prange: bind them first
-    ej, uref, val, key, kappa, cref, fire, clast = pool
+    ej, uref, val, key, kappa, cref, fire, clast, vel = pool
     for k in prange(rows.shape[0]):
         r = rows[k]
         thr = query_threshold(tau[k], leaf_err[r])
@@ -85,6 +85,7 @@ def fill_new_anchors(V, inner, off, rows, tau, leaf_err, exact, seg, pool, b):
             kappa[q] = 0.0
             cref[q] = 0.0
             clast[q] = 0.0
+            vel[q] = 0.0
             fire[q] = v >= b
         seg[r, CNT] = cnt
         seg[r, SUPP] = nfire

@@ -19,10 +19,12 @@ from typing import Any
 
 import numpy as np
 
+from .. import _config
 from ..model import TwoLayerReLU
 from ._ntk import lambda_max, lr_from_lambda
 from ._sparse import count_changed, stepped_rows
 from ._state import Field, Schema, check_csr, fail
+from .optim import LinearStep, explicit_update
 
 __all__ = ["Prepared", "Timer", "Trainer", "TreeTrainer", "previous_fire", "tree_schema"]
 
@@ -130,7 +132,7 @@ class Trainer:
         the network's width (the trainer's own neurons are ``model.m`` of them)."""
         self.X, self.Y, self.G = X, Y, G
         self.a = np.array(model.output_weights)  # (m, K)
-        self.b = model.b
+        self.b = self.b0 = model.b  # b0: the model's; b: the threshold the trainer compares with
         self.m = model.m
         self.width = model.m if width is None else int(width)
         self.scale = 1.0 / math.sqrt(self.width)
@@ -202,9 +204,15 @@ class Trainer:
         the sum over its neurons)."""
         raise NotImplementedError
 
-    def advance(self, err: np.ndarray) -> dict[str, Any]:
-        """The gradient step for the error ``err = u(t) - Y`` (of the whole network);
-        returns the History row of the iteration without its loss."""
+    def batch_outputs(self, batch: np.ndarray) -> np.ndarray:
+        """The outputs at the points ``batch`` (the trainers that keep every output
+        take them from :meth:`outputs`)."""
+        return self.outputs()[batch]
+
+    def advance(self, err: np.ndarray, step: LinearStep | None = None) -> dict[str, Any]:
+        """The step for the error ``err = u(t) - Y`` of the whole network (zero outside
+        a mini-batch): a gradient step at ``lr``, or with ``step`` the step of a linear
+        optimizer (:mod:`.optim`).  Returns the History row without its loss."""
         raise NotImplementedError
 
     def step(self) -> dict[str, Any]:
@@ -221,6 +229,18 @@ class Trainer:
     def weights(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Rows ``start:stop`` of the current weights ``W(t)``, as a new array."""
         raise NotImplementedError
+
+    def outputs_at(self, X: np.ndarray) -> np.ndarray:
+        """This trainer's share of the outputs at other points ``X`` ``(p, d)``, from the
+        current weights in blocks of rows.  O(p·m·d) plus :meth:`weights`."""
+        out = np.zeros((X.shape[0], self.a.shape[1]))
+        block = _config.block_rows(8 * (X.shape[0] + X.shape[1]), self.m, _config.MODEL_BLOCK_BYTES)
+        for s in range(0, self.m, block):
+            U = self.weights(s, min(s + block, self.m)) @ X.T
+            U -= self.b0
+            np.maximum(U, 0.0, out=U)
+            out += U.T @ self.a[s : s + block]
+        return out * self.scale
 
     # -- shared helpers ---------------------------------------------------------------
     def _loss(self, u: np.ndarray) -> tuple[np.ndarray, float]:
@@ -254,13 +274,39 @@ class TreeTrainer(Trainer):
 
     tree: Any  # CorrelationDTree or CorrelationWTree, built by the subclass
 
-    def _gradient_step(self, fire_r: tuple[np.ndarray, np.ndarray], err: np.ndarray) -> np.ndarray:
+    vel: np.ndarray | None = None  # momentum buffers of a linear optimizer (m, d)
+
+    def _gradient_step(
+        self, fire_r: tuple[np.ndarray, np.ndarray], err: np.ndarray, step: LinearStep | None
+    ) -> np.ndarray:
         """Sparse gradient on the fired pairs (r-major fire sets), then the tree update
-        for every neuron that moved (one batched ``update_many``).  Returns them."""
+        for every neuron that moved (one batched ``update_many``).  Returns them.
+
+        With a linear optimizer the rows that move are those with a gradient, a
+        momentum buffer or (weight decay) all of them; ``vel`` holds the buffers."""
         indptr, idx = fire_r
+        W = self.tree.W
         with self.timer("backward"):
             moved = np.flatnonzero(np.diff(indptr)).astype(np.int64)
-            Z = stepped_rows(self.tree.W, moved, indptr, idx, self.X, self.a, err, self.eta_s)
+            if step is None:
+                Z = stepped_rows(W[moved], moved, indptr, idx, self.X, self.a, err, self.eta_s)
+            else:
+                if self.vel is None:
+                    self.vel = np.zeros_like(W)
+                grad = np.zeros_like(W)
+                grad[moved] = stepped_rows(
+                    grad[moved], moved, indptr, idx, self.X, self.a, err, -self.scale
+                )
+                if step.lam:
+                    moved = np.arange(self.m, dtype=np.int64)
+                else:
+                    on = np.zeros(self.m, dtype=np.bool_)
+                    on[moved] = True
+                    on |= self.vel.any(axis=1)
+                    moved = np.flatnonzero(on).astype(np.int64)
+                Z, V, grad = W[moved], self.vel[moved], grad[moved]
+                explicit_update(Z, V, grad, step)
+                self.vel[moved] = V
         with self.timer("update"):
             self.tree.update_many(moved, Z)
         return moved
@@ -277,6 +323,8 @@ class TreeTrainer(Trainer):
         self, previous: tuple[np.ndarray, np.ndarray] | None
     ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arrays = {"W": self.tree.W, "V": self.tree.products}
+        if self.vel is not None:
+            arrays["vel"] = self.vel
         if previous is not None:
             arrays["prev_indptr"], arrays["prev_idx"] = previous
         return arrays, {}
@@ -324,10 +372,11 @@ def previous_fire(arrays: dict[str, np.ndarray], cols: int) -> tuple[np.ndarray,
 def tree_schema(products: tuple[str, str], prev_rows: str) -> Schema:
     """State of a tree trainer: weights, stored products, the previous fire sets."""
     return Schema(
-        1,
+        2,
         (
             Field("W", ("f8",), ("m", "d")),
             Field("V", ("f8",), products),
+            Field("vel", ("f8",), ("m", "d"), optional=True),
             Field("prev_indptr", ("i8",), (prev_rows,), optional=True),
             Field("prev_idx", ("i8",), ("nnz",), optional=True),
         ),

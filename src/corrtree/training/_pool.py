@@ -58,6 +58,7 @@ PoolArrays = namedtuple(
         "cref",  # float64: coefficient at the anchor
         "fire",  # bool: firing now
         "clast",  # float64: coefficient at the neuron's last evaluation
+        "vel",  # float64: momentum coefficient of the pair (linear optimizers, optim.py)
     ),
 )
 
@@ -70,6 +71,7 @@ POOL_DTYPES = PoolArrays(  # fields of the entries, by name
     cref=np.float64,
     fire=np.bool_,
     clast=np.float64,
+    vel=np.float64,
 )
 
 

@@ -112,7 +112,7 @@ def ever_not_in_band(rows, exact, seg, pool, tau):
 
 
 @njit(cache=True)
-def _set_entry(pool, pos, j, value, kappa, c, on):
+def _set_entry(pool, pos, j, value, kappa, c, on, vel):
     pool.j[pos] = j
     pool.uref[pos] = value
     pool.val[pos] = value
@@ -121,6 +121,7 @@ def _set_entry(pool, pos, j, value, kappa, c, on):
     pool.cref[pos] = c
     pool.clast[pos] = c
     pool.fire[pos] = on
+    pool.vel[pos] = vel
 
 
 @njit(cache=True)
@@ -146,6 +147,7 @@ def rebuild_entries(rows, old, exact, tau, V, inner, off, leaf_err, seg, pool, a
         keep_j = pool.j[o_start : o_start + ns].copy()
         keep_kappa = pool.kappa[o_start : o_start + ns].copy()
         keep_fire = pool.fire[o_start : o_start + ns].copy()
+        keep_vel = pool.vel[o_start : o_start + ns].copy()
         s0 = seg[r, START]
         pos = s0
         nfire = 0
@@ -154,7 +156,7 @@ def rebuild_entries(rows, old, exact, tau, V, inner, off, leaf_err, seg, pool, a
             c = keep_kappa[p]
             if keep_fire[p]:
                 c += eta_s * dot_row(a, r, E, j)
-            _set_entry(pool, pos, j, exact[k, j], keep_kappa[p], c, keep_fire[p])
+            _set_entry(pool, pos, j, exact[k, j], keep_kappa[p], c, keep_fire[p], keep_vel[p])
             nfire += keep_fire[p]
             mark[j] = r
             pos += 1
@@ -164,7 +166,7 @@ def rebuild_entries(rows, old, exact, tau, V, inner, off, leaf_err, seg, pool, a
             j = found[f, 0]
             if mark[j] == r:
                 continue
-            _set_entry(pool, pos, j, exact[k, j], 0.0, 0.0, False)
+            _set_entry(pool, pos, j, exact[k, j], 0.0, 0.0, False, 0.0)
             pos += 1
         seg[r, CNT] = pos - s0
         seg[r, SUPP] = ns

@@ -95,8 +95,8 @@ def outputs_from_products(indptr_i, idx_i, V, by_point, a, b, scale):
 
 
 @njit(cache=True, parallel=True)
-def stepped_rows(W, rows, indptr_r, idx_r, X, a, err, step):
-    """``w_r - step · Σ_{i ∈ S̃_r} (a_r · err_i) · x_i`` for every ``r`` of ``rows``, as a
+def stepped_rows(base, rows, indptr_r, idx_r, X, a, err, step):
+    """``base[k] - step · Σ_{i ∈ S̃_r} (a_r · err_i) · x_i`` for ``r = rows[k]``, as a
     new ``(len(rows), d)`` array.  O(Σ_r k̃_r · (d + K))."""
     d = X.shape[1]
     K = a.shape[1]
@@ -104,7 +104,7 @@ def stepped_rows(W, rows, indptr_r, idx_r, X, a, err, step):
     for k in prange(rows.shape[0]):
         r = rows[k]
         for q in range(d):
-            out[k, q] = W[r, q]
+            out[k, q] = base[k, q]
         for p in range(indptr_r[r], indptr_r[r + 1]):
             i = idx_r[p]
             c = 0.0

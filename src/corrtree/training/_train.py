@@ -21,9 +21,11 @@ from ..model import TwoLayerReLU, as_targets
 from ._base import Trainer
 from ._registry import METHODS, TRAINERS
 from ._state import CheckpointError
+from .band import BandTrainer
 from .checkpoint import FORMAT, data_digest, load_checkpoint, read_manifest, save_checkpoint
 from .costs import coherence, estimate, fire_share
 from .history import History
+from .optim import SGD, Optimizer
 
 __all__ = ["METHODS", "TrainingDiverged", "resume", "train"]
 
@@ -88,9 +90,17 @@ def train(
     y: np.ndarray,
     method: str = "auto",
     lr: float | str = "auto",
-    iters: int = 100,
+    iters: int | None = None,
     callback: Callable[[int, History], bool | None] | None = None,
     *,
+    batch_size: int | None = None,
+    epochs: int | None = None,
+    momentum: float = 0.0,
+    nesterov: bool = False,
+    weight_decay: float = 0.0,
+    schedule: str | Callable[[int], float] | None = None,
+    shuffle_seed: int = 0,
+    eval_set: tuple[np.ndarray, np.ndarray] | None = None,
     patience: int = 5,
     checkpoint: str | os.PathLike | None = None,
     checkpoint_every: int = 0,
@@ -100,12 +110,15 @@ def train(
     shards: int | None = None,
     **options: Any,
 ) -> History:
-    """Train ``model.W`` by full-batch gradient descent.
+    """Train ``model.W`` by gradient descent: full batch (the default) or mini-batch SGD.
 
     ``W(t+1) = W(t) - lr · ∂L/∂W(t)`` with
     ``∂L/∂w_r = (1/sqrt m) · Σ_{i: <w_r, x_i> >= b} (a_r · err_i) · x_i`` and
-    ``err_i = f(x_i) - y_i``: the paper's update, only ``W`` trained.  Every
-    method follows the same trajectory up to floating-point rounding.  The
+    ``err_i = f(x_i) - y_i``: the paper's update, only ``W`` trained.  With
+    ``batch_size`` the sum runs over a batch of points, and ``momentum``,
+    ``weight_decay`` and ``schedule`` follow ``torch.optim.SGD``
+    (:mod:`corrtree.training.optim`).  Every method follows the same
+    trajectory up to floating-point rounding.  The
     model keeps ``W(0)`` while the trainer runs and receives ``W(T)`` once,
     at the end; a run that fails or diverges leaves it unchanged.
 
@@ -126,8 +139,14 @@ def train(
         Learning rate; ``"auto"`` is ``1/λ_max`` of the NTK matrix
         ``H = (FᵀF/m) ∘ (XXᵀ)`` of the fire sets at initialization, computed
         from the sparse fire sets.
-    iters : int
-        Number of gradient steps ``T``.
+    iters : int, optional
+        Number of steps ``T`` (default 100); with ``epochs``, leave it out.
+    batch_size, epochs, momentum, nesterov, weight_decay, schedule, shuffle_seed
+        The optimizer: see :class:`~corrtree.training.optim.SGD` (the batch loss
+        is ``½ Σ_{i∈B} ||f(x_i) - y_i||²``; ``batch_size=None`` is full batch).
+    eval_set : (X, y), optional
+        Held-out data whose loss is recorded after every epoch
+        (``History.epoch_test_loss``).
     callback : callable, optional
         ``callback(t, history)`` after every iteration; returning ``False``
         stops training.  ``history.current_weights()`` gives ``W(t+1)`` there.
@@ -169,7 +188,14 @@ def train(
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
     lr = _check_lr(lr)
-    iters = _check_iters(iters)
+    sgd = SGD(batch_size, epochs, momentum, nesterov, weight_decay, schedule, shuffle_seed)
+    if iters is not None and epochs is not None:
+        raise ValueError("give iters or epochs, not both")
+    if iters is None and epochs is not None:
+        iters = epochs * -(-X.shape[0] // min(batch_size or X.shape[0], X.shape[0]))
+    iters = 100 if iters is None else _check_iters(iters)
+    if eval_set is not None:
+        eval_set = _check_eval_set(model, eval_set)
     if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
         raise ValueError(f"patience must be an integer >= 1, got {patience!r}")
     checkpoint_every = _check_iters(checkpoint_every, "checkpoint_every")
@@ -182,6 +208,7 @@ def train(
         raise ValueError(f"run_id must be a string, got {run_id!r}")
     meta = {
         "iters": iters,
+        "sgd": sgd.to_meta(),
         "patience": patience,
         "checkpoint_every": checkpoint_every,
         "run_id": run_id or uuid.uuid4().hex,
@@ -199,12 +226,23 @@ def train(
                 if method == "auto":  # the cost model of one process picks the method
                     method = choose_method(X, X @ X.T, model, iters)[0]
                 hist = train_sharded(
-                    model, X, Y, method, rate, meta, client, callback, checkpoint, options, shards
+                    model,
+                    X,
+                    Y,
+                    method,
+                    rate,
+                    meta,
+                    client,
+                    callback,
+                    checkpoint,
+                    options,
+                    shards,
+                    Run(sgd, eval_set),
                 )
                 hist.info["lr_halvings"] = halvings
                 return hist
             trainer, hist = _make(method, model, X, Y, rate, iters, options, halvings, lr == "auto")
-            return _run(model, trainer, hist, meta, callback, checkpoint)
+            return _run(model, trainer, hist, meta, callback, checkpoint, Run(sgd, eval_set))
         except TrainingDiverged as exc:
             if lr != "auto" or halvings == lr_retries:
                 raise
@@ -253,6 +291,8 @@ def resume(
     run_id: str | None = None,
     client: Any = None,
     shards: int | None = None,
+    schedule: Callable[[int], float] | None = None,
+    eval_set: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[TwoLayerReLU, History]:
     """Continue a run from a checkpoint written by :func:`train`.
 
@@ -264,7 +304,10 @@ def resume(
     the checkpoint must belong to that run.  A sharded checkpoint resumes on
     ``client``'s workers (or in this process without one): bit for bit with
     the same number of shards, from ``W(t)`` with another (``shards``: how
-    many; default one per worker, or as many as the checkpoint has).
+    many; default one per worker, or as many as the checkpoint has).  The
+    optimizer, its momentum buffers and the batch order continue as they were;
+    a run with a callable ``schedule`` needs it again, and ``eval_set`` gives
+    held-out data for the remaining epochs.
 
     Returns
     -------
@@ -292,6 +335,15 @@ def resume(
     if not isinstance(outputs, int) or outputs < 1:
         raise CheckpointError(f"{path}: bad history (outputs {outputs!r})")
     Y = as_targets(y, Xc.shape[0], outputs)
+    recorded = manifest["meta"].get("sgd", {})
+    if not isinstance(recorded, dict):
+        raise CheckpointError(f"{path}: bad optimizer {recorded!r}")
+    if recorded.get("schedule") == "callable" and schedule is None:
+        raise ValueError("the run used a callable schedule: pass it again as schedule=")
+    try:
+        run = Run(SGD.from_meta(recorded, schedule), eval_set)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: bad optimizer ({exc})") from exc
     if manifest["format"] == SHARDED_FORMAT:
         return resume_sharded(
             path,
@@ -303,15 +355,77 @@ def resume(
             checkpoint,
             None if iters is None else _check_iters(iters),
             shards,
+            run,
         )
     model, trainer, hist, meta = load_checkpoint(path, Xc, Y, Xc @ Xc.T)
     if iters is not None:
         meta["iters"] = _check_iters(iters)
-    return model, _run(model, trainer, hist, meta, callback, checkpoint or path)
+    return model, _run(model, trainer, hist, meta, callback, checkpoint or path, run)
+
+
+class Run:
+    """The optimizer of a run and its held-out data: what the one-process loop and
+    the sharded one (:mod:`corrtree.distributed`) share."""
+
+    def __init__(self, sgd: SGD, eval_set: tuple[np.ndarray, np.ndarray] | None) -> None:
+        self.sgd, self.eval_set = sgd, eval_set
+
+    def start(self, model: TwoLayerReLU, hist: History, meta: dict[str, Any], n: int) -> Optimizer:
+        """The :class:`Optimizer` at step ``len(hist)`` (its state from ``meta`` on resume)."""
+        if self.eval_set is not None:
+            self.eval_set = _check_eval_set(model, self.eval_set)
+            hist.info["test_points"] = self.eval_set[0].shape[0]
+        self.opt = Optimizer(self.sgd, n, hist.lr, meta["iters"])
+        if "optimizer" in meta:
+            self.opt.restore(meta["optimizer"])
+        hist.info["steps_per_epoch"] = self.opt.per_epoch
+        hist.info["batch_size"] = self.opt.size
+        self.records = self.opt.size < n or self.eval_set is not None
+        return self.opt
+
+    def end_step(
+        self,
+        hist: History,
+        t: int,
+        outputs: Callable[[], np.ndarray],
+        outputs_at: Callable[[np.ndarray], np.ndarray],
+        Y: np.ndarray,
+        meta: dict[str, Any],
+    ) -> None:
+        """After step ``t``: the epoch's losses if it ended one, the divergence check,
+        and the optimizer's state into ``meta`` (for checkpoints)."""
+        meta["optimizer"] = self.opt.state()
+        if self.records and self.opt.ends_epoch(t):
+            t0 = time.perf_counter()
+            hist.epoch_loss.append(_half_sq(outputs() - Y))
+            test = math.nan
+            if self.eval_set is not None:
+                Xv, Yv = self.eval_set
+                test = _half_sq(outputs_at(Xv) - Yv)
+            hist.epoch_test_loss.append(test)
+            hist.info["eval_s"] = hist.info.get("eval_s", 0.0) + time.perf_counter() - t0
+        check_divergence(hist, hist.lr, meta["patience"])
+
+
+def _half_sq(err: np.ndarray) -> float:
+    return 0.5 * float(np.einsum("ik,ik->", err, err))
+
+
+def _check_eval_set(model: TwoLayerReLU, eval_set: Any) -> tuple[np.ndarray, np.ndarray]:
+    if not isinstance(eval_set, tuple | list) or len(eval_set) != 2:
+        raise ValueError("eval_set must be a pair (X, y)")
+    Xv = model.check_X(eval_set[0])
+    return Xv, as_targets(eval_set[1], Xv.shape[0], model.outputs)
 
 
 def _run(
-    model: TwoLayerReLU, trainer: Trainer, hist: History, meta: dict[str, Any], callback, checkpoint
+    model: TwoLayerReLU,
+    trainer: Trainer,
+    hist: History,
+    meta: dict[str, Any],
+    callback,
+    checkpoint,
+    run: Run,
 ) -> History:
     """The iterations from ``len(hist)`` to ``meta["iters"]`` (see :func:`train`)."""
     stop: list[int] = []
@@ -319,13 +433,19 @@ def _run(
     def on_signal(signum, frame):  # finish the iteration, save, then stop
         stop.append(signum)
 
+    opt = run.start(model, hist, meta, trainer.X.shape[0])
+    if isinstance(trainer, BandTrainer):
+        opt.check_scaling(trainer.b0, len(hist))
     use_signal = checkpoint is not None and threading.current_thread() is threading.main_thread()
     previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS} if use_signal else {}
     hist.weights_source = trainer.weights
     try:
         for t in range(len(hist), meta["iters"]):
-            hist.append(**trainer.step())
-            check_divergence(hist, trainer.lr, meta["patience"])
+            B = opt.batch(t)
+            ub = trainer.outputs() if B is None else trainer.batch_outputs(B)
+            err, loss, step = opt.errors(t, ub, trainer.Y)
+            hist.append(**trainer.advance(err, step), loss=loss)
+            run.end_step(hist, t, trainer.outputs, trainer.outputs_at, trainer.Y, meta)
             if callback is not None and callback(t, hist) is False:
                 break
             every = meta["checkpoint_every"]
@@ -360,12 +480,24 @@ def write_weights(model: TwoLayerReLU, trainer: Trainer) -> None:
 
 
 def check_divergence(hist: History, lr: float, patience: int) -> None:
-    """Raise :class:`TrainingDiverged` if the run's losses (the final one included,
-    once known) are not finite, exploded, or grew ``patience`` times in a row."""
-    losses = [*hist.loss, *([hist.final_loss] if not math.isnan(hist.final_loss) else [])]
+    """Raise :class:`TrainingDiverged` if the run's losses are not finite, exploded, or
+    grew ``patience`` times in a row.  Full batch: the loss of every iteration and the
+    final one, once known.  Mini-batches: the batch losses for the first two rules
+    (they rise and fall with the batches), the losses of the epochs for all three."""
+    final = [] if math.isnan(hist.final_loss) else [hist.final_loss]
+    if hist.info.get("steps_per_epoch", 1) > 1:
+        _diverged(hist.loss, len(hist), lr, None, "step")
+        _diverged(hist.epoch_loss, len(hist.epoch_loss), lr, patience, "epoch")
+    else:
+        _diverged([*hist.loss, *final], len(hist), lr, patience, "iteration")
+
+
+def _diverged(losses: list[float], done: int, lr: float, patience: int | None, unit: str) -> None:
+    if not losses:
+        return
     t = len(losses) - 1
     loss = losses[t]
-    where = f"at iteration {t}" if t < len(hist) else "after the last iteration"
+    where = f"at {unit} {t}" if t < done else "after the last iteration"
     if not math.isfinite(loss):
         raise TrainingDiverged(f"loss is {loss} {where} with lr={lr:.6g}; use a smaller lr", lr)
     if loss > _config.DIVERGED_GROWTH * max(losses[0], 1e-300):
@@ -374,13 +506,15 @@ def check_divergence(hist: History, lr: float, patience: int) -> None:
             "use a smaller lr",
             lr,
         )
+    if patience is None:
+        return
     # growth below 1e-20 of the initial loss is rounding noise, not divergence
     growing = 0
     while growing < t and losses[t - growing] > losses[t - growing - 1] > 1e-20 * losses[0]:
         growing += 1
     if growing >= patience:
         raise TrainingDiverged(
-            f"loss grew {patience} iterations in a row, to {loss:.6g}, {where} "
+            f"loss grew {patience} {unit}s in a row, to {loss:.6g}, {where} "
             f"with lr={lr:.6g}; use a smaller lr",
             lr,
         )

@@ -15,16 +15,32 @@ from .._validation import available_memory
 from ._anchors import BandState
 from ._base import Trainer
 from ._pairs import (
+    dot_row,
     evaluate_neuron,
     forward,
     needs_reanchor,
     neuron_key,
     prefetch_block,
+    refresh_keys,
     update_sigma,
 )
-from ._pool import BETA, CNT, DRIFT, KEY, LEAF_ERR, MINKEY, POOL_DTYPES, SIGMA, PoolArrays
+from ._pool import (
+    BETA,
+    CNT,
+    DRIFT,
+    KEY,
+    LEAF_ERR,
+    MINKEY,
+    NFIRE,
+    POOL_DTYPES,
+    SIGMA,
+    START,
+    SUPP,
+    PoolArrays,
+)
 from ._reanchor import reanchor
 from ._state import Field, Scalar, fail
+from .optim import LinearStep
 
 __all__ = ["BandTrainer", "choose_storage", "evaluate_rows", "gather_flips"]
 
@@ -125,6 +141,42 @@ def gather_flips(rows, fbuf, nflips, f_j, f_v, f_on):
     return fr, fj, fv, fo
 
 
+@njit(cache=True, parallel=True)
+def linear_coefficients(seg, pool, a, err, scale, step, rho, moved):
+    """One step of a linear optimizer on the implicit weights (``optim.py``).
+
+    The pairs that ever fired of every neuron hold its coefficients, divided
+    by ``α(t)``: ``κ = C/α`` and ``vel = ν/α`` (``v_r = β·w_r(0) + Σ ν x``).
+    With the batch gradient ``γ = scale·(a_r·err_l)`` of a firing pair and
+    ``ρ = α(t)/α(t+1)``::
+
+        vel' = (μ·vel - λ·κ)·ρ + γ/α(t+1)
+        κ'   = κ·ρ + η·vel'                               (κ·ρ + η·(γ/α' - λκρ + μ·vel'): Nesterov)
+
+    ``moved[r]``: whether a coefficient of ``r`` changed, or ``r`` fires while
+    the threshold ``b/α`` moves.  O(Σ_r |prefix_r|·K).
+    """
+    ej, kappa, vel, fire = pool.j, pool.kappa, pool.vel, pool.fire
+    eta, mu, lam, nesterov, _, alpha_next = step
+    inv = 1.0 / alpha_next
+    for r in prange(seg.shape[0]):
+        s0 = seg[r, START]
+        changed = False
+        for q in range(s0, s0 + seg[r, SUPP]):
+            c = kappa[q]
+            gam = scale * dot_row(a, r, err, ej[q]) * inv if fire[q] else 0.0
+            v = (mu * vel[q] - lam * c) * rho + gam
+            if nesterov:
+                cn = c * rho + eta * ((gam - lam * c * rho) + mu * v)
+            else:
+                cn = c * rho + eta * v
+            vel[q] = v
+            kappa[q] = cn
+            changed = changed or cn != c
+        # a rising threshold b/α may drop a firing pair of a neuron that did not move
+        moved[r] = changed or (rho != 1.0 and seg[r, NFIRE] > 0)
+
+
 BAND_FIELDS = (
     Field("V", ("f4", "f8"), ("m", "n")),
     Field("seg", ("i8",), ("m", 5)),
@@ -148,6 +200,7 @@ BAND_SCALARS = (
     Scalar("cert", float, 0.0),
     Scalar("band", float, 0.0),
     Scalar("anchor_dtype", str),
+    Scalar("alpha", float, 0.0),
 )
 
 
@@ -155,7 +208,7 @@ def check_band(arrays: dict[str, np.ndarray], scalars: dict[str, Any], n: int) -
     """Invariants of a band state beyond dtypes, shapes and ranges: positive band and
     certificate scale, segments that fit their capacity and the pool without
     overlapping, distinct points per neuron, and fire flags that match the counts."""
-    for name in ("cert", "band"):
+    for name in ("cert", "band", "alpha"):
         if not scalars[name] > 0:
             fail(name, f"must be > 0, got {scalars[name]!r}")
     if scalars["anchor_dtype"] != arrays["V"].dtype.name:
@@ -253,6 +306,7 @@ class BandTrainer(Trainer):
             W0, self.X, self.G, self.a, self.b, band, anchor_dtype, gemm_dtype
         )
         update_sigma(np.arange(self.m), st.seg, st.nf, st.pool.arrays, self.G)
+        self.alpha = 1.0  # factor of W(0) in W(t) (weight decay, optim.py)
         self.u = forward(st.firing_neurons(), st.seg, st.pool.arrays, self.a, self.b, self.scale, n)
         self.flips = 0
         self.scratch = np.empty((2, st.pool.capacity))  # per-entry coefficient changes
@@ -268,7 +322,10 @@ class BandTrainer(Trainer):
 
     def weights(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         start, stop, _ = slice(start, stop).indices(self.m)
-        return self.store.weights(start, stop, self.eta_s)
+        W = self.store.weights(start, stop, self.eta_s)
+        if self.alpha != 1.0:
+            W *= self.alpha
+        return W
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         st = self.store
@@ -286,6 +343,7 @@ class BandTrainer(Trainer):
             "flips": self.flips,
             "cert": self.cert,
             "band": st.band,
+            "alpha": self.alpha,
         }
 
     def _restore(self, W0, arrays, scalars, sizes) -> None:
@@ -306,6 +364,8 @@ class BandTrainer(Trainer):
             arrays["E"],
         )
         self.u = arrays["u"]
+        self.alpha = scalars["alpha"]
+        self.b = self.store.b = self.b0 / self.alpha
         self.flips = scalars["flips"]
         self.cert = scalars["cert"]
         self.evaluated = 0
@@ -356,6 +416,42 @@ class BandTrainer(Trainer):
         flips = gather_flips(rows, fbuf, nflips, f_j, f_v, f_on) if record else None
         self.evaluated += int(nevals.sum())
         return nflips, again, flips
+
+    def _advance_linear(self, err: np.ndarray, step: LinearStep) -> dict[str, Any]:
+        """A step of a linear optimizer (momentum, weight decay; ``optim.py``).
+
+        The coefficients of every pair that ever fired change
+        (:func:`linear_coefficients`); every neuron whose coefficients changed is
+        evaluated with its exact step, re-anchored if its band may be exceeded,
+        and the outputs are summed from the exact firing values.  The weights are
+        kept divided by ``α(t)`` and compared with ``b/α(t)``, which never falls
+        (``Optimizer.check_scaling``): a pair below the threshold at its last
+        evaluation stays at least as far from it.  O(Σ_r |prefix_r|² + evaluations).
+        """
+        st = self.store
+        stats = (st.fired_pairs(), st.moved_neurons(), self.flips, st.entries())
+        with self.timer("update"):
+            changed = np.zeros(self.m, dtype=np.bool_)
+            rho = step.alpha / step.alpha_next
+            linear_coefficients(st.seg, st.pool.arrays, self.a, err, self.scale, step, rho, changed)
+            rows = np.flatnonzero(changed).astype(np.int64)
+            self.alpha = step.alpha_next
+            self.b = st.b = self.b0 / self.alpha
+        with self.timer("query"):
+            nflips, again, _ = self._evaluate(rows, np.empty((0, self.a.shape[1])), False)
+            self.flips = int(nflips.sum())
+        with self.timer("update"):
+            anchored = rows[again]
+            if anchored.shape[0]:
+                self.flips += self._reanchor(anchored)[0].shape[0]
+                refresh_keys(anchored, st.seg, st.nf, st.pool.arrays, st.xnorm, st.b)
+        with self.timer("forward"):
+            n = self.X.shape[0]
+            u = forward(st.firing_neurons(), st.seg, st.pool.arrays, self.a, self.b, self.scale, n)
+            self.u = u * self.alpha
+        row = self._row(*stats, reanchored=anchored.shape[0], evaluated_pairs=self.evaluated)
+        self.evaluated = 0
+        return row
 
     def _reanchor(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
         """Re-anchor ``rows`` and refresh their σ; returns the flips it found."""

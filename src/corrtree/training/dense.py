@@ -11,6 +11,7 @@ from .._validation import available_memory
 from ._base import Trainer, previous_fire
 from ._sparse import count_changed, keys_to_csr
 from ._state import Field, Scalar, Schema
+from .optim import LinearStep, explicit_update
 
 __all__ = ["DenseTrainer"]
 
@@ -44,9 +45,10 @@ class DenseTrainer(Trainer):
 
     name = "dense"
     SCHEMA = Schema(
-        1,
+        2,
         (
             Field("W", ("f8",), ("m", "d")),
+            Field("vel", ("f8",), ("m", "d"), optional=True),
             Field("prev_indptr", ("i8",), ("m1",), optional=True),
             Field("prev_idx", ("i8",), ("nnz",), optional=True),
         ),
@@ -58,85 +60,136 @@ class DenseTrainer(Trainer):
         block = auto_block(self.m, n, d, self.a.shape[1]) if block == "auto" else int(block)
         if block < 1:
             raise ValueError(f"block must be >= 1, got {block}")
-        self._setup(np.array(W0), min(block, self.m), None)  # the trainer's own weights
+        self._setup(np.array(W0), min(block, self.m), None, None)  # the trainer's own weights
 
     def _setup(
-        self, W: np.ndarray, block: int, prev_fire: tuple[np.ndarray, np.ndarray] | None
+        self,
+        W: np.ndarray,
+        block: int,
+        prev_fire: tuple[np.ndarray, np.ndarray] | None,
+        vel: np.ndarray | None,
     ) -> None:
-        n, d = self.X.shape
         self.W = W  # trained in place
+        self.vel = vel  # momentum buffers of a linear optimizer
         self.block = block
         self.info["block"] = block
-        self.U = np.empty((block, n))  # products, then coefficients
-        self.M = np.empty((block, n), dtype=np.bool_)  # fire mask
-        self.grad = np.empty((block, d))
+        self._buffers: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.grad = np.empty((block, self.X.shape[1]))
         self.prev_fire = prev_fire
-        self._forward()
+        self._batch: np.ndarray | None = None  # the points of the last batch_outputs
+        self.u = self.fire = None  # outputs() and initial_fire_sets() compute them
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arrays = {"W": self.W}
+        if self.vel is not None:
+            arrays["vel"] = self.vel
         if self.prev_fire is not None:
             arrays["prev_indptr"], arrays["prev_idx"] = self.prev_fire
         return arrays, {"block": self.block}
 
     def _restore(self, W0, arrays, scalars, sizes) -> None:
-        self._setup(arrays["W"], scalars["block"], previous_fire(arrays, self.X.shape[0]))
+        prev = previous_fire(arrays, self.X.shape[0])
+        self._setup(arrays["W"], scalars["block"], prev, arrays.get("vel"))
 
-    def _products(self, s: int) -> tuple[np.ndarray, np.ndarray]:
+    def _products(self, s: int, Xc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Products and fire mask of the block at ``s`` with the rows of ``Xc``."""
+        cols = Xc.shape[0]
+        if cols not in self._buffers:  # products (then coefficients) and the fire mask
+            self._buffers[cols] = (
+                np.empty((self.block, cols)),
+                np.empty((self.block, cols), dtype=np.bool_),
+            )
         blk = self.W[s : s + self.block]
-        U, M = self.U[: blk.shape[0]], self.M[: blk.shape[0]]
-        np.dot(blk, self.X.T, out=U)
+        U, M = (buf[: blk.shape[0]] for buf in self._buffers[cols])
+        np.dot(blk, Xc.T, out=U)
         np.greater_equal(U, self.b, out=M)
         return U, M
 
-    def _forward(self) -> None:
-        """Outputs, fire sets (sorted pair keys ``r·n + i``) of the current W."""
-        n = self.X.shape[0]
-        u = np.zeros((n, self.a.shape[1]))
+    def _forward(self, batch: np.ndarray | None = None) -> np.ndarray:
+        """Outputs at the points ``batch`` (all: also the fire sets, sorted pair keys
+        ``r·n + i``, kept in ``self.fire``)."""
+        Xc = self.X if batch is None else self.X[batch]
+        cols = Xc.shape[0]
+        u = np.zeros((cols, self.a.shape[1]))
         keys = []
+        fired = moved = 0
         for s in range(0, self.m, self.block):
             with self.timer("forward"):
-                U, M = self._products(s)
+                U, M = self._products(s, Xc)
             with self.timer("query"):
-                keys.append(np.flatnonzero(M) + s * n)
+                if batch is None:
+                    keys.append(np.flatnonzero(M) + s * cols)
+                else:
+                    fired += int(np.count_nonzero(M))
+                    moved += int(np.count_nonzero(M.any(axis=1)))
             with self.timer("forward"):
                 np.subtract(U, self.b, out=U)
                 np.maximum(U, 0.0, out=U)
                 u += U.T @ self.a[s : s + self.block]
-        with self.timer("query"):
-            self.fire = keys_to_csr(np.concatenate(keys), self.m, n)
-        self.u = u * self.scale
+        u *= self.scale
+        if batch is None:
+            with self.timer("query"):
+                self.fire = keys_to_csr(np.concatenate(keys), self.m, cols)
+            self.u = u
+        else:
+            self._batch, self._batch_stats = batch, (fired, moved)
+        return u
 
     def initial_fire_sets(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.fire is None:
+            self._forward()
         return self.fire
 
     def outputs(self) -> np.ndarray:
+        if self.u is None:
+            self._forward()
         return self.u
 
-    def advance(self, err: np.ndarray) -> dict[str, Any]:
-        indptr, idx = self.fire
-        flips = 0 if self.prev_fire is None else count_changed(*self.prev_fire, indptr, idx)
-        c = self.eta_s
-        single = self.block >= self.m  # the mask of the forward pass is still in self.M
+    def batch_outputs(self, batch: np.ndarray) -> np.ndarray:
+        """Products with the batch only: ``m·|B|·d`` per call."""
+        return self._forward(batch)
+
+    def advance(self, err: np.ndarray, step: LinearStep | None = None) -> dict[str, Any]:
+        """A step on the batch of the last :meth:`batch_outputs` if there was one since
+        the last step, else on every point (``err`` is zero outside the batch)."""
+        batch, self._batch = self._batch, None
+        if batch is None:
+            if self.u is None:
+                self._forward()
+            Xc, errc = self.X, err
+            indptr, idx = self.fire
+            flips = 0 if self.prev_fire is None else count_changed(*self.prev_fire, indptr, idx)
+            fired, moved = idx.shape[0], np.count_nonzero(np.diff(indptr))
+        else:
+            Xc, errc = self.X[batch], err[batch]
+            (fired, moved), flips = self._batch_stats, 0
+        # with a single block the mask of the forward pass is still in the buffers
+        single = self.block >= self.m
+        if step is not None and self.vel is None and step.mu:
+            self.vel = np.zeros_like(self.W)
         for s in range(0, self.m, self.block):
             with self.timer("backward"):
                 if single:
-                    C, M = self.U, self.M
+                    C, M = self._buffers[Xc.shape[0]]
                 else:
-                    C, M = self._products(s)
-                np.dot(self.a[s : s + self.block], err.T, out=C)
+                    C, M = self._products(s, Xc)
+                np.dot(self.a[s : s + self.block], errc.T, out=C)
                 np.multiply(C, M, out=C)
                 grad = self.grad[: C.shape[0]]
-                np.dot(C, self.X, out=grad)
+                np.dot(C, Xc, out=grad)
             with self.timer("update"):
-                grad *= c
-                self.W[s : s + self.block] -= grad
-        self.prev_fire = self.fire
-        self._forward()
-        n = self.X.shape[0]
-        return self._row(
-            idx.shape[0], np.count_nonzero(np.diff(indptr)), flips, evaluated_pairs=n * self.m
-        )
+                W = self.W[s : s + self.block]
+                if step is None:
+                    grad *= self.eta_s
+                    W -= grad
+                else:
+                    grad *= self.scale
+                    V = None if self.vel is None else self.vel[s : s + self.block]
+                    explicit_update(W, V, grad, step)
+        if batch is None:
+            self.prev_fire = self.fire
+        self.u = self.fire = None  # outputs() computes them when asked
+        return self._row(fired, moved, flips, evaluated_pairs=Xc.shape[0] * self.m)
 
     def weights(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         return np.array(self.W[start:stop])

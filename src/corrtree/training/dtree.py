@@ -9,6 +9,7 @@ import numpy as np
 from ..trees import CorrelationDTree
 from ._base import TreeTrainer, previous_fire, tree_schema
 from ._sparse import outputs_from_products, transpose_csr
+from .optim import LinearStep
 
 __all__ = ["DTreeTrainer"]
 
@@ -50,12 +51,12 @@ class DTreeTrainer(TreeTrainer):
                 indptr, idx, self.tree.products, True, self.a, self.b, self.scale
             )
 
-    def advance(self, err: np.ndarray) -> dict[str, Any]:
+    def advance(self, err: np.ndarray, step: LinearStep | None = None) -> dict[str, Any]:
         indptr, idx = self._query()
         flips = self._flips(self.prev_fire_i, self.fire_i)
         with self.timer("backward"):
             fire_r = transpose_csr(indptr, idx, self.m)
-        moved = self._gradient_step(fire_r, err)
+        moved = self._gradient_step(fire_r, err, step)
         self.prev_fire_i, self.fire_i = self.fire_i, None
         return self._row(
             idx.shape[0], moved.shape[0], flips, evaluated_pairs=self.X.shape[0] * moved.shape[0]
@@ -66,5 +67,6 @@ class DTreeTrainer(TreeTrainer):
 
     def _restore(self, W0, arrays, scalars, sizes) -> None:
         self.tree = CorrelationDTree.from_products(self.X, arrays["W"], arrays["V"])
+        self.vel = arrays.get("vel")
         self.fire_i = None
         self.prev_fire_i = previous_fire(arrays, self.m)

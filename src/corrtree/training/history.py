@@ -31,6 +31,8 @@ COLUMNS = (
     "reanchored",
     "evaluated_pairs",
 )
+# Per-epoch columns (mini-batch runs).
+EPOCH_COLUMNS = ("epoch_loss", "epoch_test_loss")
 
 
 @dataclass
@@ -70,6 +72,11 @@ class History:
         Products computed exactly at that iteration (all ``n·m`` for dense GD,
         ``n`` per moved neuron for the tree methods, the certified few for lazy
         and kernel): divided by the flips, the cost of finding them.
+    epoch_loss, epoch_test_loss : list of float
+        Mini-batch runs (or runs with an ``eval_set``): the loss on all training
+        points, and on the ``eval_set`` (NaN without one), after each epoch.
+        With mini-batches, ``loss`` holds the loss of each step's batch and
+        ``info["steps_per_epoch"]`` the steps of an epoch.
     info : dict
         Method-specific details (the cost model's choice, block sizes, ...).
     """
@@ -94,6 +101,8 @@ class History:
     band_pairs: list[int] = field(default_factory=list)
     reanchored: list[int] = field(default_factory=list)
     evaluated_pairs: list[int] = field(default_factory=list)
+    epoch_loss: list[float] = field(default_factory=list)
+    epoch_test_loss: list[float] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     # while training runs: the trainer's W(t) accessor (see current_weights)
     weights_source: Callable[[], np.ndarray] | None = field(default=None, repr=False, compare=False)
@@ -169,7 +178,7 @@ class History:
                 "final_loss",
             )
         }
-        out.update({k: list(getattr(self, k)) for k in COLUMNS})
+        out.update({k: list(getattr(self, k)) for k in (*COLUMNS, *EPOCH_COLUMNS)})
         out["info"] = dict(self.info)
         return out
 
@@ -185,6 +194,8 @@ class History:
         )
         for k in COLUMNS:
             getattr(hist, k).extend(data.get(k, []))
+        for k in EPOCH_COLUMNS:
+            getattr(hist, k).extend(_float(v) for v in data.get(k, []))
         return hist
 
     def to_json(self, path: str | os.PathLike) -> None:

@@ -22,6 +22,13 @@ anchored products, as in the lazy trainer), applies the flips to ``u`` and
 re-anchors the neuron if its band may be exceeded, and gives it a new key.
 Per iteration: O((nK)² + work on the keyed neurons) -- no ``d``, and the
 second term vanishes as the error decays.
+
+Mini-batch SGD without momentum or weight decay is this recurrence with an
+error that is zero outside the batch.  With momentum or weight decay a pair's
+coefficient keeps changing after it stops firing, so ``u(t+1) - u(t)`` is no
+longer ``H·err``: those steps are the band trainers' linear step
+(:meth:`~.band.BandTrainer._advance_linear`, every moving neuron evaluated),
+and ``H`` and the keys are left as they were.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from ._pairs import neuron_key, set_keys
 from ._pool import CNT, KEY, NFIRE, START, SUPP
 from ._state import Field, Scalar, Schema, fail
 from .band import BAND_FIELDS, BAND_SCALARS, BandTrainer
+from .optim import LinearStep
 
 __all__ = ["KEY", "KernelTrainer", "pop_due", "push_all"]
 
@@ -140,7 +148,7 @@ class KernelTrainer(BandTrainer):
 
     name = "kernel"
     SCHEMA = Schema(
-        1,
+        2,
         (
             *BAND_FIELDS,
             Field("H", ("f8",), ("nK", "nK")),
@@ -208,7 +216,9 @@ class KernelTrainer(BandTrainer):
     def ntk(self) -> np.ndarray:
         return self.H
 
-    def advance(self, err: np.ndarray) -> dict[str, Any]:
+    def advance(self, err: np.ndarray, step: LinearStep | None = None) -> dict[str, Any]:
+        if step is not None:  # the recurrence needs Δc = η·f·a·err: see the module docs
+            return self._advance_linear(err, step)
         st = self.store
         stats = (self.fired, self.moved, self.flips, self.entries)
         with self.timer("forward"):

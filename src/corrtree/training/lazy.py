@@ -32,6 +32,7 @@ import numpy as np
 from ._pairs import forward, refresh_keys
 from ._state import Schema
 from .band import BAND_FIELDS, BAND_SCALARS, BandTrainer
+from .optim import LinearStep
 
 __all__ = ["LazyTrainer"]
 
@@ -41,7 +42,7 @@ class LazyTrainer(BandTrainer):
     options: :class:`~.band.BandTrainer`)."""
 
     name = "lazy"
-    SCHEMA = Schema(1, BAND_FIELDS, BAND_SCALARS)
+    SCHEMA = Schema(2, BAND_FIELDS, BAND_SCALARS)
 
     def _prepare(self, W0: np.ndarray, **options: Any) -> None:
         super()._prepare(W0, **options)
@@ -53,7 +54,9 @@ class LazyTrainer(BandTrainer):
         super()._restore(W0, arrays, scalars, sizes)
         self.moved = self.store.firing_neurons()  # as at the end of every step
 
-    def advance(self, err: np.ndarray) -> dict[str, Any]:
+    def advance(self, err: np.ndarray, step: LinearStep | None = None) -> dict[str, Any]:
+        if step is not None:
+            return self._advance_linear(err, step)
         st = self.store
         stats = (st.fired_pairs(), len(self.moved), self.flips, st.entries())
         with self.timer("query"):

@@ -9,6 +9,7 @@ import numpy as np
 from ..trees import CorrelationWTree
 from ._base import TreeTrainer, previous_fire, tree_schema
 from ._sparse import outputs_from_products, transpose_csr
+from .optim import LinearStep
 
 __all__ = ["WTreeTrainer"]
 
@@ -47,10 +48,10 @@ class WTreeTrainer(TreeTrainer):
                 *self.fire_i, self.tree.products, False, self.a, self.b, self.scale
             )
 
-    def advance(self, err: np.ndarray) -> dict[str, Any]:
+    def advance(self, err: np.ndarray, step: LinearStep | None = None) -> dict[str, Any]:
         idx = self.fire_r[1]
         flips = self._flips(self.prev_fire_r, self.fire_r)
-        moved = self._gradient_step(self.fire_r, err)
+        moved = self._gradient_step(self.fire_r, err, step)
         with self.timer("query"):
             self.prev_fire_r = self.fire_r
             self.fire_r = self.tree.query_all(self.b)
@@ -64,6 +65,7 @@ class WTreeTrainer(TreeTrainer):
 
     def _restore(self, W0, arrays, scalars, sizes) -> None:
         self.tree = CorrelationWTree.from_products(self.X, arrays["W"], arrays["V"])
+        self.vel = arrays.get("vel")
         self.fire_r = self.tree.query_all(self.b)
         self.fire_i = transpose_csr(*self.fire_r, self.X.shape[0])
         self.prev_fire_r = previous_fire(arrays, self.X.shape[0])
