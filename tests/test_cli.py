@@ -318,3 +318,63 @@ def test_predict_applies_the_training_transform(tmp_path):
     pred = run("predict", "--model", out / "model.npz", "--data", tmp_path / "d.npz").stdout
     got = np.array([float(v) for v in pred.split()])
     np.testing.assert_allclose(got, model.predict(transform(X)), rtol=1e-9)
+
+
+def test_train_with_sgd_flags_records_epochs_and_resumes_exactly(tmp_path):
+    ds = ct.datasets.sphere(n=120, d=12, seed=6)
+    np.savez(tmp_path / "data.npz", X=ds.X_train, y=ds.y_train)
+    common = [
+        "train",
+        "--data",
+        tmp_path / "data.npz",
+        "--width",
+        512,
+        "--method",
+        "lazy",
+        "--lr",
+        "0.3",
+        "--task",
+        "regression",
+        "--batch-size",
+        16,
+        "--epochs",
+        3,
+        "--momentum",
+        0.9,
+        "--weight-decay",
+        0.001,
+        "--schedule",
+        "cosine",
+        "--quiet",
+    ]
+    whole = tmp_path / "whole"
+    run(*common, "--out", whole)
+    summary = json.loads((whole / "summary.json").read_text())
+    assert summary["optimizer"]["momentum"] == 0.9 and summary["steps_per_epoch"] == 6
+    hist = json.loads((whole / "history.json").read_text())
+    assert len(hist["loss"]) == 18 and len(hist["epoch_loss"]) == 3
+    assert all(np.isfinite(hist["epoch_test_loss"]))  # the held-out split, every epoch
+    assert (whole / "epochs.png").stat().st_size > 0
+    cut = tmp_path / "cut"
+    run(*common, "--out", cut, "--checkpoint-every", 7)
+    (cut / "run.json").write_text(
+        json.dumps({**json.loads((cut / "run.json").read_text()), "finished": False})
+    )
+    run("train", "--resume", cut, "--quiet")
+    a = ct.TwoLayerReLU.load(whole / "model.npz")
+    b = ct.TwoLayerReLU.load(cut / "model.npz")
+    np.testing.assert_array_equal(a.W, b.W)
+
+
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        (["--iters", "3", "--epochs", "2"], "give --iters or --epochs"),
+        (["--momentum", "1.5", "--iters", "1"], "momentum must be a number in [0, 1)"),
+        (["--nesterov", "--iters", "1"], "nesterov=True needs momentum > 0"),
+        (["--weight-decay", "-1", "--iters", "1"], "weight_decay must be"),
+    ],
+)
+def test_bad_sgd_flags(args, text, tmp_path):
+    proc = run("train", "--width", 64, *args, "--out", tmp_path / "o", check=False, cwd=tmp_path)
+    assert_one_line_error(proc, 1, text)

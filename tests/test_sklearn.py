@@ -32,6 +32,12 @@ def test_init_only_stores_parameters():
         "normalize": True,
         "standardize": True,
         "random_state": 4,
+        "batch_size": None,
+        "epochs": None,
+        "momentum": 0.0,
+        "nesterov": False,
+        "weight_decay": 0.0,
+        "schedule": None,
     }
     assert not [k for k in vars(est) if k.endswith("_")]
 
@@ -66,3 +72,17 @@ def test_bad_parameters():
         CorrTreeRegressor(random_state="x").fit(X, y)
     with pytest.raises(ValueError, match="method must be one of"):
         CorrTreeRegressor(method="magic").fit(X, y)
+
+
+def test_estimators_train_with_sgd():
+    ds = ct.datasets.sphere(n=90, d=8, seed=5)
+    kw = {"width": 1024, "lr": 0.3, "random_state": 2, "batch_size": 16, "epochs": 3}
+    kw.update(momentum=0.9, weight_decay=1e-3, schedule="cosine")
+    dense = CorrTreeRegressor(method="dense", **kw).fit(ds.X_train, ds.y_train)
+    lazy = CorrTreeRegressor(method="lazy", **kw).fit(ds.X_train, ds.y_train)
+    assert dense.n_iter_ == lazy.n_iter_ == 3 * 6
+    assert len(lazy.history_.epoch_loss) == 3
+    W, W_ref = lazy.model_.W, dense.model_.W
+    assert np.linalg.norm(W - W_ref) <= 1e-9 * np.linalg.norm(W_ref)
+    with pytest.raises(ValueError, match="momentum must be"):
+        CorrTreeRegressor(momentum=2.0).fit(ds.X_train, ds.y_train)

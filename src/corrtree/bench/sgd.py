@@ -15,7 +15,9 @@ dense's (1e-9).
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 from typing import Any
 
@@ -151,17 +153,26 @@ def one_run(method: str, n: int, m: int, epochs: int, measured: int, budget: flo
     }
 
 
-def run(size: str = "large", out_dir: str = "benchmarks/results") -> dict[str, Any]:
-    """Every method on the SGD workload; JSON to ``out_dir``."""
+def run(
+    size: str = "large", out_dir: str = "benchmarks/results", only: str | None = None
+) -> dict[str, Any]:
+    """Every method (or ``only`` some, keeping the others' results) on the SGD workload;
+    JSON to ``out_dir``."""
     p = SIZES[size]
     common = (p["n"], p["m"], p["epochs"], p["measured"], p["budget_s"])
     runs: dict[str, Any] = {}
+    previous = os.path.join(out_dir, f"sgd_{size}.json")
+    if only and os.path.exists(previous):
+        with open(previous, encoding="utf-8") as fh:
+            runs = json.load(fh)["runs"]
     for method in METHODS:
+        if only and method not in only.split(","):
+            continue
         try:
             runs[method] = in_child(one_run, method, *common)
         except RuntimeError as exc:  # e.g. the products or the NTK matrix do not fit
             runs[method] = {"error": str(exc)}
-    if "total_s" in runs["torch"] and "setup_s" in runs["dense"]:
+    if (not only or "torch" in only) and "total_s" in runs["torch"]:
         runs["torch"]["setup_s"] = runs["dense"]["setup_s"]  # the same G and data
         runs["torch"]["total_s"] += runs["dense"]["setup_s"]
     ok = {k: r for k, r in runs.items() if "total_s" in r}

@@ -85,7 +85,8 @@ def fill_new_anchors(V, inner, off, rows, tau, leaf_err, exact, seg, pool, b):
             kappa[q] = 0.0
             cref[q] = 0.0
             clast[q] = 0.0
-            vel[q] = 0.0
+            if vel.shape[0]:
+                vel[q] = 0.0
             fire[q] = v >= b
         seg[r, CNT] = cnt
         seg[r, SUPP] = nfire

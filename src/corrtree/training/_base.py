@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .. import _config
+from .._validation import check_memory
 from ..model import TwoLayerReLU
 from ._ntk import lambda_max, lr_from_lambda
 from ._sparse import count_changed, stepped_rows
@@ -286,29 +287,48 @@ class TreeTrainer(Trainer):
         momentum buffer or (weight decay) all of them; ``vel`` holds the buffers."""
         indptr, idx = fire_r
         W = self.tree.W
+        moved = np.flatnonzero(np.diff(indptr)).astype(np.int64)
+        if step is not None:
+            return self._linear_step(moved, indptr, idx, err, step)
         with self.timer("backward"):
-            moved = np.flatnonzero(np.diff(indptr)).astype(np.int64)
-            if step is None:
-                Z = stepped_rows(W[moved], moved, indptr, idx, self.X, self.a, err, self.eta_s)
-            else:
-                if self.vel is None:
-                    self.vel = np.zeros_like(W)
-                grad = np.zeros_like(W)
-                grad[moved] = stepped_rows(
-                    grad[moved], moved, indptr, idx, self.X, self.a, err, -self.scale
-                )
-                if step.lam:
-                    moved = np.arange(self.m, dtype=np.int64)
-                else:
-                    on = np.zeros(self.m, dtype=np.bool_)
-                    on[moved] = True
-                    on |= self.vel.any(axis=1)
-                    moved = np.flatnonzero(on).astype(np.int64)
-                Z, V, grad = W[moved], self.vel[moved], grad[moved]
-                explicit_update(Z, V, grad, step)
-                self.vel[moved] = V
+            Z = stepped_rows(W[moved], moved, indptr, idx, self.X, self.a, err, self.eta_s)
         with self.timer("update"):
             self.tree.update_many(moved, Z)
+        return moved
+
+    def _linear_step(
+        self, grads: np.ndarray, indptr: np.ndarray, idx: np.ndarray, err: np.ndarray, step
+    ) -> np.ndarray:
+        """The step of a linear optimizer on the rows that move: those with a gradient
+        (``grads``), a momentum buffer, or with weight decay every row; in blocks of
+        rows, so that the extra memory is the buffers ``vel`` (``m × d``) and a block."""
+        W = self.tree.W
+        if self.vel is None and step.mu:
+            check_memory(W.nbytes, "the momentum buffers (m × d)")
+            self.vel = np.zeros_like(W)
+        on = np.zeros(self.m, dtype=np.bool_)
+        on[grads] = True
+        if self.vel is not None:
+            on |= self.vel.any(axis=1)
+        moved = np.arange(self.m) if step.lam else np.flatnonzero(on)
+        on[:] = False
+        on[grads] = True
+        block = _config.block_rows(8 * 4 * self.X.shape[1], self.m, _config.MODEL_BLOCK_BYTES)
+        for s in range(0, moved.shape[0], block):
+            rows = moved[s : s + block].astype(np.int64)
+            with self.timer("backward"):
+                grad = np.zeros((rows.shape[0], W.shape[1]))
+                sel = on[rows]
+                grad[sel] = stepped_rows(
+                    grad[sel], rows[sel], indptr, idx, self.X, self.a, err, -self.scale
+                )
+            with self.timer("update"):
+                Z = W[rows]
+                V = None if self.vel is None else self.vel[rows]
+                explicit_update(Z, V, grad, step)
+                if V is not None:
+                    self.vel[rows] = V
+                self.tree.update_many(rows, Z)
         return moved
 
     def _flips(

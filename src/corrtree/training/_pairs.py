@@ -213,8 +213,10 @@ def flip(r, q, seg, pool, a, E, eta_s, on):
         dest = seg[r, START] + seg[r, SUPP]
         if q >= dest:  # not yet ever-fired: swap into the prefix
             if q != dest:
-                for arr in (pool.uref, pool.val, pool.key, kappa, pool.cref, clast, pool.vel):
+                for arr in (pool.uref, pool.val, pool.key, kappa, pool.cref, clast):
                     arr[q], arr[dest] = arr[dest], arr[q]
+                if pool.vel.shape[0]:
+                    pool.vel[q], pool.vel[dest] = pool.vel[dest], pool.vel[q]
                 ej[q], ej[dest] = ej[dest], ej[q]
                 fire[q], fire[dest] = fire[dest], fire[q]
             seg[r, SUPP] += 1

@@ -58,7 +58,7 @@ PoolArrays = namedtuple(
         "cref",  # float64: coefficient at the anchor
         "fire",  # bool: firing now
         "clast",  # float64: coefficient at the neuron's last evaluation
-        "vel",  # float64: momentum coefficient of the pair (linear optimizers, optim.py)
+        "vel",  # float64: momentum coefficient (linear optimizers, optim.py); else empty
     ),
 )
 
@@ -75,6 +75,10 @@ POOL_DTYPES = PoolArrays(  # fields of the entries, by name
 )
 
 
+def _by_name():
+    return zip(PoolArrays._fields, POOL_DTYPES, strict=True)
+
+
 class Pool:
     """Growable :class:`PoolArrays`: ``arrays`` holds the fields, ``used`` the
     number of places handed out to segments."""
@@ -83,12 +87,14 @@ class Pool:
 
     def __init__(self, capacity: int) -> None:
         capacity = max(16, int(capacity))
-        self.arrays = PoolArrays(*(np.zeros(capacity, dtype=dt) for dt in POOL_DTYPES))
+        self.arrays = PoolArrays(
+            *(np.zeros(capacity if k != "vel" else 0, dtype=dt) for k, dt in _by_name())
+        )
         self.used = 0
 
     @classmethod
     def from_arrays(cls, arrays: PoolArrays, used: int) -> Pool:
-        """A pool over existing field arrays (e.g. from a checkpoint)."""
+        """A pool over existing field arrays (e.g. from a checkpoint; ``vel`` may be empty)."""
         pool = cls.__new__(cls)
         pool.arrays = PoolArrays(
             *(np.ascontiguousarray(a, dtype=dt) for a, dt in zip(arrays, POOL_DTYPES, strict=True))
@@ -112,10 +118,16 @@ class Pool:
         new_cap = max(need, int(self.capacity * _config.POOL_GROWTH))
         grown = []
         for a in self.arrays:
-            b = np.zeros(new_cap, dtype=a.dtype)
+            b = np.zeros(new_cap if a.shape[0] else 0, dtype=a.dtype)  # empty vel stays empty
             b[: self.used] = a[: self.used]
             grown.append(b)
         self.arrays = PoolArrays(*grown)
+
+    def use_velocities(self) -> None:
+        """Give the entries momentum coefficients (zero), once: only linear optimizers
+        (``optim.py``) use them."""
+        if self.arrays.vel.shape[0] != self.capacity:
+            self.arrays = self.arrays._replace(vel=np.zeros(self.capacity))
 
     def place(self, seg: np.ndarray, rows: np.ndarray, counts: np.ndarray) -> None:
         """Give each neuron of ``rows`` a fresh, empty segment of capacity above its count."""

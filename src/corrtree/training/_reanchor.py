@@ -121,7 +121,8 @@ def _set_entry(pool, pos, j, value, kappa, c, on, vel):
     pool.cref[pos] = c
     pool.clast[pos] = c
     pool.fire[pos] = on
-    pool.vel[pos] = vel
+    if pool.vel.shape[0]:
+        pool.vel[pos] = vel
 
 
 @njit(cache=True)
@@ -147,7 +148,7 @@ def rebuild_entries(rows, old, exact, tau, V, inner, off, leaf_err, seg, pool, a
         keep_j = pool.j[o_start : o_start + ns].copy()
         keep_kappa = pool.kappa[o_start : o_start + ns].copy()
         keep_fire = pool.fire[o_start : o_start + ns].copy()
-        keep_vel = pool.vel[o_start : o_start + ns].copy()
+        keep_vel = pool.vel[o_start : o_start + ns].copy() if pool.vel.shape[0] else np.zeros(ns)
         s0 = seg[r, START]
         pos = s0
         nfire = 0

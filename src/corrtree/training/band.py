@@ -188,6 +188,7 @@ BAND_FIELDS = (
             ("cap",),
             index="n" if name == "j" else None,
             finite=name != "key",
+            optional=name == "vel",
         )
         for name, dt in zip(PoolArrays._fields, POOL_DTYPES, strict=True)
     ),
@@ -335,7 +336,7 @@ class BandTrainer(Trainer):
             "nf": st.nf,
             "E": st.E,
             "u": self.u,
-            **{f"pool_{k}": v for k, v in st.pool.arrays._asdict().items()},
+            **{f"pool_{k}": v for k, v in st.pool.arrays._asdict().items() if v.shape[0]},
         }
         return arrays, {
             "anchor_dtype": st.anchor_dtype.name,
@@ -348,7 +349,9 @@ class BandTrainer(Trainer):
 
     def _restore(self, W0, arrays, scalars, sizes) -> None:
         check_band(arrays, scalars, sizes["n"])
-        pool = PoolArrays(*(arrays[f"pool_{k}"] for k in PoolArrays._fields))
+        pool = PoolArrays(
+            *(arrays.get(f"pool_{k}", np.zeros(0)) for k in PoolArrays._fields)  # vel: optional
+        )
         self.store = BandState.from_arrays(
             W0,
             self.X,
@@ -431,6 +434,7 @@ class BandTrainer(Trainer):
         st = self.store
         stats = (st.fired_pairs(), st.moved_neurons(), self.flips, st.entries())
         with self.timer("update"):
+            st.pool.use_velocities()
             changed = np.zeros(self.m, dtype=np.bool_)
             rho = step.alpha / step.alpha_next
             linear_coefficients(st.seg, st.pool.arrays, self.a, err, self.scale, step, rho, changed)

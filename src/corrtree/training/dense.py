@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from .. import _config
-from .._validation import available_memory
+from .._validation import available_memory, check_memory
 from ._base import Trainer, previous_fire
 from ._sparse import count_changed, keys_to_csr
 from ._state import Field, Scalar, Schema
@@ -166,6 +166,7 @@ class DenseTrainer(Trainer):
         # with a single block the mask of the forward pass is still in the buffers
         single = self.block >= self.m
         if step is not None and self.vel is None and step.mu:
+            check_memory(self.W.nbytes, "the momentum buffers (m × d)")
             self.vel = np.zeros_like(self.W)
         for s in range(0, self.m, self.block):
             with self.timer("backward"):

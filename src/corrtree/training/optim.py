@@ -97,7 +97,7 @@ class SGD:
                 or not isinstance(value, numbers.Real)
                 or not 0.0 <= float(value) < high
             ):
-                raise ValueError(f"{name} must be a number in [0, {high}), got {value!r}")
+                raise ValueError(f"{name} must be a number in [0, {high:g}), got {value!r}")
 
         integer("batch_size", self.batch_size, 1)
         integer("epochs", self.epochs, 0)
