@@ -378,7 +378,7 @@ def sgd(res: dict) -> str:
         if "total_s" not in r:
             rows.append([method, r["error"][:70], "", "", "", "", "", ""])
             continue
-        per_epoch = r["step_median_s"] * r.get("steps_per_epoch", 1)
+        per_epoch = r["step_median_s"] * res["runs"]["dense"].get("steps_per_epoch", 1)
         rows.append(
             [
                 method,
@@ -386,7 +386,7 @@ def sgd(res: dict) -> str:
                 f"{r['measured']}",
                 _ms(r["setup_s"]),
                 _ms(r["step_median_s"]),
-                _ms(per_epoch) if "steps_per_epoch" in r else "",
+                _ms(per_epoch),
                 _x(res["speedup_vs_dense"][method]),
                 f"{r['peak_rss_gib']:.2f} GiB",
             ]
