@@ -1,4 +1,4 @@
-"""Training 2NN(m, b) by full-batch gradient descent."""
+"""Training 2NN(m, b) by gradient descent: full batch or mini-batch SGD."""
 
 from ._train import METHODS, TrainingDiverged, resume, train
 from .checkpoint import CheckpointError

@@ -4,7 +4,8 @@ Life of a trainer (``docs/design.md``, "Trainers")
     ``Trainer(model, X, Y, G, lr, **options)`` does the method's preprocessing
     from ``W(0) = model.W`` (read only), resolves ``lr`` (``"auto"``: from the
     fire sets it just found) and sets up everything that depends on it: a
-    trainer is complete when it is made.  ``step()`` performs one iteration
+    trainer is complete when it is made.  ``outputs()`` (or ``batch_outputs``)
+    gives ``u(t)``; ``advance(err, step)`` performs one iteration
     ``W(t) -> W(t+1)`` and returns its History row; ``weights(start, stop)``
     gives rows of the current ``W(t)``.  The trainer owns the current weights;
     the model keeps ``W(0)`` until the run writes ``W(T)`` into it once, at
@@ -61,7 +62,7 @@ class Timer:
 
 
 class Trainer:
-    """Full-batch gradient descent on a :class:`TwoLayerReLU`, one method.
+    """Gradient descent (full batch or SGD) on a :class:`TwoLayerReLU`, one method.
 
     Parameters
     ----------
@@ -215,11 +216,6 @@ class Trainer:
         a mini-batch): a gradient step at ``lr``, or with ``step`` the step of a linear
         optimizer (:mod:`.optim`).  Returns the History row without its loss."""
         raise NotImplementedError
-
-    def step(self) -> dict[str, Any]:
-        """One gradient step; returns the History row of the iteration."""
-        err, loss = self._loss(self.outputs())
-        return {**self.advance(err), "loss": loss}
 
     def final_loss(self) -> float:
         """Loss at the current weights (after the last step)."""

@@ -1,4 +1,4 @@
-"""``corrtree.train``: full-batch gradient descent with a choice of exact methods."""
+"""``corrtree.train``: gradient descent (full batch or SGD) with a choice of exact methods."""
 
 from __future__ import annotations
 

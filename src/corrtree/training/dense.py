@@ -40,7 +40,9 @@ class DenseTrainer(Trainer):
     pairs, O(Σ_i k_i), for the statistics).  With a single block (the default
     when a block of all m neurons fits in a quarter of the free memory) the
     backward pass reuses the forward pass's fire mask: two GEMMs per
-    iteration; with several blocks it recomputes the products: three.
+    iteration; with several blocks it recomputes the products: three.  With
+    mini-batches (:meth:`batch_outputs`) the GEMMs are over the batch's points
+    only, and a linear optimizer keeps its momentum buffers in ``vel``.
     """
 
     name = "dense"
