@@ -213,3 +213,31 @@ def test_a_damaged_sharded_checkpoint_is_refused(tmp_path):
     )
     with pytest.raises(ct.CheckpointError, match="digest"):
         ct.resume(tmp_path / "bad.npz", X, y)
+
+
+def test_sgd_with_momentum_on_dask_workers(client, tmp_path):
+    X, y, model0 = _problem(2)
+    kw = {"lr": 0.5, "batch_size": 8, "epochs": 2, "momentum": 0.9, "weight_decay": 0.01}
+    for method in ("dense", "lazy", "kernel"):
+        ref, ref_hist = _train(model0, X, y, method=method, **kw)
+        got, hist = _train(model0, X, y, method=method, client=client, **kw)
+        assert _close(got.W, ref.W), method
+        np.testing.assert_allclose(hist.epoch_loss, ref_hist.epoch_loss, rtol=1e-9)
+    path = tmp_path / "c.npz"
+    stop = {"checkpoint": path, "checkpoint_every": 3, "callback": lambda t, h: t < 5}
+    _train(model0, X, y, method="lazy", client=client, **kw, **stop)
+    same, hist = ct.resume(path, X, y, client=client)
+    np.testing.assert_array_equal(same.W, got.W)  # the same shards: bit for bit
+    with pytest.raises(ValueError, match="momentum resumes on its own 2 shards"):
+        ct.resume(path, X, y, shards=3)
+
+
+def test_sgd_with_weight_decay_resumes_on_other_shards(tmp_path):
+    X, y, model0 = _problem(1)
+    kw = {"lr": 0.5, "batch_size": 8, "epochs": 2, "weight_decay": 0.02, "schedule": "cosine"}
+    whole, whole_hist = _train(model0, X, y, method="kernel", shards=2, **kw)
+    path = tmp_path / "c.npz"
+    stop = {"checkpoint": path, "checkpoint_every": 3, "callback": lambda t, h: t < 5}
+    _train(model0, X, y, method="kernel", shards=2, **kw, **stop)
+    other, hist = ct.resume(path, X, y, shards=3)
+    assert _close(other.W, whole.W) and len(hist) == len(whole_hist)

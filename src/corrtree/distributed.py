@@ -417,8 +417,15 @@ def resume_sharded(
     if shards is None:
         shards = len(client.scheduler_info()["workers"]) if client is not None else len(old)
     count = max(1, min(shards, m))
-    pool = _Actors(client, count) if client is not None else _InProcess(count)
     slices = _slices(m, count)
+    if slices != old:  # new shards start from W(t): W(t) is their W(0), α(t) their 1
+        if run.sgd.momentum > 0:
+            raise ValueError(
+                f"a run with momentum resumes on its own {len(old)} shards only (the "
+                f"momentum buffers live in them); got shards={count}"
+            )
+        meta["optimizer"] = {"alpha": 1.0, "beta": 0.0}
+    pool = _Actors(client, count) if client is not None else _InProcess(count)
     if slices == old:
         parts = pool.call("restore", [(str(f), X, Y) for f in files])
     else:

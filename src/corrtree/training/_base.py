@@ -388,7 +388,7 @@ def previous_fire(arrays: dict[str, np.ndarray], cols: int) -> tuple[np.ndarray,
 def tree_schema(products: tuple[str, str], prev_rows: str) -> Schema:
     """State of a tree trainer: weights, stored products, the previous fire sets."""
     return Schema(
-        2,
+        1,
         (
             Field("W", ("f8",), ("m", "d")),
             Field("V", ("f8",), products),

@@ -47,7 +47,7 @@ class DenseTrainer(Trainer):
 
     name = "dense"
     SCHEMA = Schema(
-        2,
+        1,
         (
             Field("W", ("f8",), ("m", "d")),
             Field("vel", ("f8",), ("m", "d"), optional=True),
