@@ -233,3 +233,23 @@ def test_bad_optimizer_arguments(kw, match):
     kw = {"method": "dense", "lr": 0.5, **kw}
     with pytest.raises(ValueError, match=match):
         _train(model0, X, y, **kw)
+
+
+def test_a_damaged_optimizer_state_is_refused(tmp_path):
+    import json
+
+    X, y, model0 = _problem(20, 200, 6, 1, seed=13)
+    path = tmp_path / "c.npz"
+    kw = {"lr": 0.5, "batch_size": 5, "epochs": 2, "momentum": 0.5, "checkpoint": path}
+    _train(model0, X, y, "dense", checkpoint_every=3, callback=lambda t, h: t < 4, **kw)
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    manifest = json.loads(str(arrays["manifest"]))
+    manifest["meta"]["optimizer"] = {"alpha": -1.0, "beta": 0.0}
+    from corrtree.training.checkpoint import digest_of
+
+    arrays.pop("manifest")
+    manifest["digest"] = digest_of(manifest, arrays)  # re-signed: only the schema can catch it
+    np.savez(path, manifest=json.dumps(manifest), **arrays)
+    with pytest.raises(ct.CheckpointError, match="optimizer state is damaged"):
+        ct.resume(path, X, y)

@@ -377,7 +377,12 @@ class Run:
             hist.info["test_points"] = self.eval_set[0].shape[0]
         self.opt = Optimizer(self.sgd, n, hist.lr, meta["iters"])
         if "optimizer" in meta:
-            self.opt.restore(meta["optimizer"])
+            try:
+                self.opt.restore(meta["optimizer"])
+            except (AttributeError, ValueError) as exc:
+                raise CheckpointError(
+                    f"the checkpoint's optimizer state is damaged ({exc})"
+                ) from None
         hist.info["steps_per_epoch"] = self.opt.per_epoch
         hist.info["batch_size"] = self.opt.size
         self.records = self.opt.size < n or self.eval_set is not None

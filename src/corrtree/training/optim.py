@@ -156,7 +156,9 @@ class Optimizer:
 
     def restore(self, state: dict[str, Any]) -> None:
         alpha, beta = state.get("alpha"), state.get("beta")
-        if not all(isinstance(v, float) and math.isfinite(v) for v in (alpha, beta)):
+        if not (
+            all(isinstance(v, float) and math.isfinite(v) for v in (alpha, beta)) and alpha > 0
+        ):
             raise ValueError(f"bad optimizer state {state!r}")
         self.alpha, self.beta = alpha, beta
 
