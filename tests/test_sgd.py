@@ -253,3 +253,16 @@ def test_a_damaged_optimizer_state_is_refused(tmp_path):
     np.savez(path, manifest=json.dumps(manifest), **arrays)
     with pytest.raises(ct.CheckpointError, match="optimizer state is damaged"):
         ct.resume(path, X, y)
+
+
+def test_auto_counts_the_batch_for_dense_and_the_lazy_step_for_kernel():
+    from corrtree.training._train import choose_method
+    from corrtree.training.optim import SGD
+
+    X, _, model0 = _problem(300, 8192, 32, 1, seed=14, b_scale=1.0)
+    G = X @ X.T
+    full, costs = choose_method(X, G, model0, 20)
+    batch, sgd_costs = choose_method(X, G, model0, 20, SGD(batch_size=15, momentum=0.9))
+    assert sgd_costs["dense"] == pytest.approx(costs["dense"] * 15 / X.shape[0])
+    assert sgd_costs["kernel"] >= sgd_costs["lazy"]
+    assert full != "dense" and batch == "dense"

@@ -66,11 +66,15 @@ def _check_iters(iters: object, name: str = "iters") -> int:
 
 
 def choose_method(
-    X: np.ndarray, G: np.ndarray, model: TwoLayerReLU, iters: int
+    X: np.ndarray, G: np.ndarray, model: TwoLayerReLU, iters: int, sgd: SGD | None = None
 ) -> tuple[str, dict[str, float]]:
     """The exact method with the smallest modelled run time (see :mod:`.costs`).
 
-    Returns the method and the modelled seconds of each candidate.
+    With mini-batches dense computes only the batch's products (its cost scales
+    with ``batch_size/n``) while the other methods keep every output: they cost
+    what a full-batch step costs; with momentum or weight decay the kernel
+    method takes the lazy method's step.  Returns the method and the modelled
+    seconds of each candidate.
     """
     n, d = X.shape
     norms = np.linalg.norm(X, axis=1)
@@ -81,6 +85,10 @@ def choose_method(
         k: estimate(k, n, model.m, d, model.outputs, iters, share, band_share, coh)
         for k in TRAINERS
     }
+    if sgd is not None and sgd.batch_size is not None:
+        costs["dense"] *= min(1.0, sgd.batch_size / n)
+    if sgd is not None and sgd.linear:
+        costs["kernel"] = max(costs["kernel"], costs["lazy"])
     return min(costs, key=costs.__getitem__), costs
 
 
@@ -224,7 +232,7 @@ def train(
 
                 meta["lr_auto"] = lr == "auto"
                 if method == "auto":  # the cost model of one process picks the method
-                    method = choose_method(X, X @ X.T, model, iters)[0]
+                    method = choose_method(X, X @ X.T, model, iters, sgd)[0]
                 hist = train_sharded(
                     model,
                     X,
@@ -241,7 +249,9 @@ def train(
                 )
                 hist.info["lr_halvings"] = halvings
                 return hist
-            trainer, hist = _make(method, model, X, Y, rate, iters, options, halvings, lr == "auto")
+            trainer, hist = _make(
+                method, model, X, Y, rate, iters, options, halvings, lr == "auto", sgd
+            )
             return _run(model, trainer, hist, meta, callback, checkpoint, Run(sgd, eval_set))
         except TrainingDiverged as exc:
             if lr != "auto" or halvings == lr_retries:
@@ -260,13 +270,14 @@ def _make(
     options: dict[str, Any],
     halvings: int,
     lr_auto: bool,
+    sgd: SGD,
 ) -> tuple[Trainer, History]:
     """The trainer of a one-process run (preprocessing, ``lr``) and its empty History."""
     t0 = time.perf_counter()
     info: dict[str, Any] = {}
     G = X @ X.T
     if method == "auto":
-        method, info["costs"] = choose_method(X, G, model, iters)
+        method, info["costs"] = choose_method(X, G, model, iters, sgd)
         info["auto"] = True
     trainer = TRAINERS[method](model, X, Y, G, lr, **options)
     hist = History.of_run(

@@ -86,7 +86,8 @@ def estimate(
     k = q * n  # fired points per neuron (≈ pairs that ever fired)
     tracked = max(q_band * n, k)
     expired = min(1.0, 0.05 + 0.5 * coh * k)  # share of other tracked pairs evaluated
-    reanchored = min(1.0, (0.1 * coh * k) ** 2)  # share of neurons leaving their band
+    # share of neurons leaving their band per iteration (rare: W2, W3 spend <5% there)
+    reanchored = min(1.0, 0.002 * coh * k)
     per_neuron = (
         k * k / 2
         + expired * (tracked - k) * k
@@ -103,5 +104,11 @@ def estimate(
         pre += m * k * k * K * K / SPARSE_OPS
         # every neuron is processed in the first few iterations, few afterwards
         active = moved * min(iters, 6.0 + 6.0 * coh * k)
-        return pre + iters * 2 * (n * K) ** 2 / STREAM_OPS + active * per_neuron / SPARSE_OPS
+        # each flip rewrites K² entries of H per point its neuron fires on
+        flips = pairs * min(0.1, 0.002 * coh * k)
+        return (
+            pre
+            + iters * (2 * (n * K) ** 2 / STREAM_OPS + flips * k * K * K / SPARSE_OPS)
+            + active * per_neuron / SPARSE_OPS
+        )
     raise ValueError(f"no cost model for method {method!r}")
