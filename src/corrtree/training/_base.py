@@ -302,19 +302,20 @@ class TreeTrainer(Trainer):
         if self.vel is None and step.mu:
             check_memory(W.nbytes, "the momentum buffers (m × d)")
             self.vel = np.zeros_like(W)
-        on = np.zeros(self.m, dtype=np.bool_)
-        on[grads] = True
-        if self.vel is not None:
-            on |= self.vel.any(axis=1)
-        moved = np.arange(self.m) if step.lam else np.flatnonzero(on)
-        on[:] = False
-        on[grads] = True
+        has_grad = np.zeros(self.m, dtype=np.bool_)
+        has_grad[grads] = True
+        if step.lam:
+            moved = np.arange(self.m)
+        elif self.vel is None:
+            moved = grads
+        else:
+            moved = np.flatnonzero(has_grad | self.vel.any(axis=1))
         block = _config.block_rows(8 * 4 * self.X.shape[1], self.m, _config.MODEL_BLOCK_BYTES)
         for s in range(0, moved.shape[0], block):
             rows = moved[s : s + block].astype(np.int64)
             with self.timer("backward"):
                 grad = np.zeros((rows.shape[0], W.shape[1]))
-                sel = on[rows]
+                sel = has_grad[rows]
                 grad[sel] = stepped_rows(
                     grad[sel], rows[sel], indptr, idx, self.X, self.a, err, -self.scale
                 )

@@ -196,10 +196,6 @@ class Optimizer:
             raise ValueError(f"schedule({t}) must be a finite number >= 0, got {f!r}")
         return float(f)
 
-    def scalars(self, eta: float) -> tuple[float, float]:
-        """``(α, β)`` after a step at rate ``eta`` (the recurrence without gradient)."""
-        return _scalars(self.sgd, self.alpha, self.beta, eta)
-
     def check_scaling(self, b: float, start: int) -> None:
         """The band trainers compare ``W(t)/α(t)`` with ``b/α(t)``: from step ``start`` on,
         ``α`` must stay positive and, for ``b > 0``, never grow (their certificates
@@ -241,7 +237,7 @@ class Optimizer:
                 err *= f
             return err, loss, None
         eta = self.lr * f
-        alpha_next, beta = self.scalars(eta)
+        alpha_next, beta = _scalars(self.sgd, self.alpha, self.beta, eta)
         step = LinearStep(
             eta, self.sgd.momentum, self.sgd.weight_decay, self.sgd.nesterov, self.alpha, alpha_next
         )
@@ -250,6 +246,7 @@ class Optimizer:
 
 
 def _scalars(sgd: SGD, alpha: float, beta: float, eta: float) -> tuple[float, float]:
+    """``(α, β)`` after a step at rate ``eta``: the optimizer's recurrence without gradient."""
     mu, lam = sgd.momentum, sgd.weight_decay
     beta = mu * beta + lam * alpha
     if sgd.nesterov:
