@@ -47,8 +47,9 @@ def _perturb(st, rng, scale=0.05):
     return 0.7  # eta_s
 
 
-def _evaluate(st, r, scratch, eta_s, f_j, f_v, f_on):
-    """:func:`_pairs.evaluate_neuron` with the exact step (no error given)."""
+def _evaluate(st, r, scratch, eta_s, f_j, f_v, f_on, scatter=0.0):
+    """:func:`_pairs.evaluate_neuron` with the exact step (no error given); values from
+    ``G`` (``scatter=0``) or rebuilt from the data (a large ``scatter``)."""
     return _pairs.evaluate_neuron(
         r,
         st.seg,
@@ -59,10 +60,14 @@ def _evaluate(st, r, scratch, eta_s, f_j, f_v, f_on):
         st.E,
         np.empty((0, st.K)),
         st.G,
+        st.X,
         st.xnorm,
         eta_s,
         st.b,
         1.0,
+        scatter,
+        np.empty(st.X.shape[1]),
+        np.empty(st.X.shape[1]),
         f_j,
         f_v,
         f_on,
@@ -107,6 +112,32 @@ def test_eval_ever_gives_current_products_and_distance():
         assert dist <= since <= dist * (1 + 1e-9) + 1e-9
 
 
+def test_eval_ever_from_the_data_gives_the_same_values_and_bounds():
+    st, rng = _state(5)
+    eta_s = _perturb(st, rng)
+    C = coefficients(st.seg, st.pool.arrays, st.a, st.E, eta_s, st.m, st.n)
+    W = st.W0 - C @ st.X
+    U = products(st.X, W)
+    scratch = np.empty((2, st.pool.capacity))
+    pool = st.pool.arrays
+    clast = pool.clast.copy()
+    dw, dws = np.empty(st.X.shape[1]), np.empty(st.X.shape[1])
+    for r in range(st.m):
+        s0, ns = st.seg[r, START], st.seg[r, SUPP]
+        before = st.W0[r] - clast[s0 : s0 + ns] @ st.X[pool.j[s0 : s0 + ns]]
+        since, step = _pairs.eval_ever_data(
+            r, st.seg, pool, scratch, st.a, st.E, st.X, st.xnorm, eta_s, True, dw, dws
+        )
+        j = pool.j[s0 : s0 + ns]
+        np.testing.assert_allclose(pool.val[s0 : s0 + ns], U[r, j], rtol=0, atol=1e-12)
+        dist = np.linalg.norm(W[r] - st.W0[r])
+        assert dist <= since <= dist * (1 + 1e-9) + 1e-9
+        moved = np.linalg.norm(W[r] - before)
+        assert moved <= step <= moved * (1 + 1e-9) + 1e-9
+        np.testing.assert_allclose(pool.clast[s0 : s0 + ns], C[r, j], rtol=0, atol=1e-15)
+    assert since > 0
+
+
 def test_gram_sum_is_the_gram_weighted_sum():
     rng = np.random.default_rng(2)
     G = rng.standard_normal((9, 9))
@@ -125,11 +156,15 @@ def test_sigma_is_a_gershgorin_bound_of_the_fire_set():
         S = pool.j[s0 : s0 + ns][pool.fire[s0 : s0 + ns]]
         sig = _pairs.sigma(r, st.seg, pool, st.G)
         assert sig == pytest.approx(gershgorin_sigma(st.G, S), rel=1e-12)
+        trace = _pairs.trace_sigma(r, st.seg, pool, st.xnorm)
+        assert trace**2 == pytest.approx(np.trace(st.G[np.ix_(S, S)]), rel=1e-12, abs=1e-300)
         if len(S):
-            assert sig**2 >= np.linalg.eigvalsh(st.G[np.ix_(S, S)]).max() - 1e-12
+            top = np.linalg.eigvalsh(st.G[np.ix_(S, S)]).max()
+            assert sig**2 >= top - 1e-12 and trace**2 >= top - 1e-12
 
 
-def test_evaluate_neuron_flips_exactly_the_crossed_pairs():
+@pytest.mark.parametrize("scatter", [0.0, 1e9])  # values from G, or from the data
+def test_evaluate_neuron_flips_exactly_the_crossed_pairs(scatter):
     st, rng = _state(4)
     eta_s = _perturb(st, rng, scale=0.2)
     C = coefficients(st.seg, st.pool.arrays, st.a, st.E, eta_s, st.m, st.n)
@@ -140,7 +175,9 @@ def test_evaluate_neuron_flips_exactly_the_crossed_pairs():
     none = np.empty(0, dtype=np.int64)
     total = 0
     for r in range(st.m):
-        pos, _, _ = _evaluate(st, r, scratch, eta_s, none, np.empty(0), np.empty(0, np.bool_))
+        pos, _, _ = _evaluate(
+            st, r, scratch, eta_s, none, np.empty(0), np.empty(0, np.bool_), scatter
+        )
         total += pos
         j = _entries(st, r)
         s0, cnt = st.seg[r, START], st.seg[r, CNT]

@@ -64,6 +64,18 @@ def test_options_keep_the_trajectory(method, band, anchor, gemm):
 
 
 @pytest.mark.parametrize("method", FAST)
+@pytest.mark.parametrize("scatter", [0.0, 1e9])
+def test_values_from_g_or_from_the_data_keep_the_trajectory(monkeypatch, method, scatter):
+    """Pair values and drift bounds read from ``G`` or rebuilt from ``X``."""
+    X, y, model0 = _problem(60, 1200, 40, 2, 6, b_scale=0.8)
+    ref = _run(model0, X, y, "dense", iters=25)
+    monkeypatch.setattr(ct._config, "SCATTER_COST", scatter)
+    hist, W = _run(model0, X, y, method, iters=25, band=0.2)
+    assert_same_trajectory(hist, W, *ref)
+    assert sum(hist.flips) > 0 and sum(hist.reanchored) > 0
+
+
+@pytest.mark.parametrize("method", FAST)
 def test_too_tight_certificate_is_caught(method):
     """Shrinking the drift bounds on purpose misses crossings: the checks above fail."""
     X, y, model0 = _problem(60, 1500, 16, 1, 2)

@@ -22,6 +22,8 @@ QUAD_FORM_SLACK = 1e-13
 
 #: Unit roundoff of float32.
 U32 = 2.0**-24
+#: Unit roundoff of float64.
+U64 = 2.0**-53
 
 #: Relative widening of a tree query threshold when leaves are float32: covers
 #: the rounding of the leaves (2^-24) and of the threshold arithmetic, twice.
@@ -86,6 +88,8 @@ BAND = 0.5
 #: Neurons are summed in this many fixed chunks by the forward pass, so that the
 #: outputs do not depend on thread scheduling.
 FORWARD_CHUNKS = 64
+#: Neurons are evaluated in this many runs, each with its own scratch vectors.
+EVALUATE_CHUNKS = 256
 
 #: The kernel trainer's heap switches from one-by-one to bulk pops and pushes
 #: (an O(size) filter and heapify) when more than ``size // HEAP_BULK_DIV``

@@ -26,9 +26,10 @@ from numba import njit, prange
 
 from .. import _config
 from .._prefetch import prefetch2d
-from ._pool import BETA, CNT, DRIFT, MINKEY, NFIRE, SIGMA, START, SUPP
+from ._pool import BETA, CNT, DRIFT, MINKEY, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP
 
 __all__ = [
+    "by_data",
     "coef",
     "dot_row",
     "eval_ever",
@@ -45,12 +46,14 @@ __all__ = [
     "safe_norm",
     "set_keys",
     "sigma",
+    "trace_sigma",
     "update_sigma",
 ]
 
 _ROUND_UP = _config.ROUND_UP
 _QUAD_SLACK = _config.QUAD_FORM_SLACK
 _CHUNKS = _config.FORWARD_CHUNKS
+_U64 = _config.U64
 
 
 @njit(cache=True, inline="always")
@@ -109,6 +112,20 @@ def sigma(r, seg, pool, G):
                     row += abs(G[jp, ej[s0 + q]])
             best = max(best, row)
     return math.sqrt(best)
+
+
+@njit(cache=True)
+def trace_sigma(r, seg, pool, xnorm):
+    """``sqrt(Σ_{l ∈ S} ||x_l||²)``, ``S`` the points ``r`` fires on: by Cauchy–Schwarz
+    a bound like :func:`sigma`, looser (little on coherent data, where Gershgorin's
+    rows are nearly full) but O(|prefix|) instead of O(|prefix|²)."""
+    ej, fire = pool.j, pool.fire
+    s0 = seg[r, START]
+    t = 0.0
+    for p in range(seg[r, SUPP]):
+        if fire[s0 + p]:
+            t += xnorm[ej[s0 + p]] ** 2
+    return math.sqrt(t)
 
 
 @njit(cache=True, parallel=True)
@@ -196,6 +213,67 @@ def eval_ever(r, seg, pool, scratch, a, E, G, eta_s, want_step):
     return safe_norm(sq_a, l1_a, gmax), step
 
 
+@njit(cache=True, fastmath={"reassoc", "contract"})
+def eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, want_step, dw, dws):
+    """:func:`eval_ever` with the Gram sums rebuilt from the data: the moves
+    ``dw = Σ_l dc_l x_l`` since the anchor (and ``dws`` since the last evaluation)
+    are formed once, in ``O(d·|P|)``, and each value is ``uref - <x_j, dw>``.
+    Cheaper than the ``|P|²/2`` scattered reads of ``G`` when ``d`` is small
+    against ``|P|`` (:func:`by_data`); the bounds cover the rounding of ``dw``.
+    """
+    ej, uref, val, cref, clast = pool.j, pool.uref, pool.val, pool.cref, pool.clast
+    dc, dl = scratch[0], scratch[1]
+    s0 = seg[r, START]
+    end = s0 + seg[r, SUPP]
+    d = X.shape[1]
+    dw[:] = 0.0
+    dws[:] = 0.0
+    l1_a = 0.0
+    l1_s = 0.0
+    gmax = 0.0
+    for q in range(s0, end):
+        jp = ej[q]
+        c = coef(q, r, pool, a, E, eta_s)
+        dc[q] = c - cref[q]
+        l1_a += abs(dc[q])
+        gmax = max(gmax, xnorm[jp] * xnorm[jp])
+        for t in range(d):
+            dw[t] += dc[q] * X[jp, t]
+        if want_step:
+            dl[q] = c - clast[q]
+            clast[q] = c
+            l1_s += abs(dl[q])
+            for t in range(d):
+                dws[t] += dl[q] * X[jp, t]
+    for q in range(s0, end):
+        val[q] = uref[q] - _dot(X, ej[q], dw)
+    # |‖dw‖² - ‖computed dw‖²| <= (2γ_|P| + γ_d)·(Σ|dc|)²·max‖x‖², γ_k ≈ k·2⁻⁵³
+    unit = 4.0 * (end - s0 + d) * _U64 * gmax
+    sq_a = 0.0
+    sq_s = 0.0
+    for t in range(d):
+        sq_a += dw[t] * dw[t]
+        sq_s += dws[t] * dws[t]
+    step = math.sqrt(sq_s + unit * l1_s * l1_s) * _ROUND_UP if want_step else 0.0
+    return math.sqrt(sq_a + unit * l1_a * l1_a) * _ROUND_UP, step
+
+
+@njit(cache=True, inline="always")
+def _dot(X, j, w):
+    s = 0.0
+    for t in range(X.shape[1]):
+        s += X[j, t] * w[t]
+    return s
+
+
+@njit(cache=True, inline="always")
+def by_data(d, ns, want_step, scatter):
+    """Whether the values of a prefix of ``ns`` pairs are cheaper rebuilt from the
+    data (``(2 + want_step)·d·ns`` flops) than read from ``G`` (``ns²/2`` scattered
+    reads of ``scatter`` flops each, :data:`~corrtree._config.SCATTER_COST`)."""
+    return (2 + want_step) * d < scatter * (ns + 1) / 2
+
+
 @njit(cache=True)
 def flip(r, q, seg, pool, a, E, eta_s, on):
     """Switch entry ``q`` of neuron ``r`` on or off, keeping ``C`` continuous.
@@ -230,23 +308,48 @@ def flip(r, q, seg, pool, a, E, eta_s, on):
 
 @njit(cache=True)
 def evaluate_neuron(
-    r, seg, nf, pool, scratch, a, E, err, G, xnorm, eta_s, b, cert, f_j, f_v, f_on, fpos
+    r,
+    seg,
+    nf,
+    pool,
+    scratch,
+    a,
+    E,
+    err,
+    G,
+    X,
+    xnorm,
+    eta_s,
+    b,
+    cert,
+    scatter,
+    dw,
+    dws,
+    f_j,
+    f_v,
+    f_on,
+    fpos,
 ):
     """Evaluate the pairs of neuron ``r`` that may have changed side, and flip them.
 
     The drift ``D_r = nf[r, DRIFT]`` grows by (``cert`` times) a bound on the
     distance ``w_r`` moved since its last evaluation: the exact one from
-    :func:`eval_ever`, or, when ``err`` (the error of the step just taken,
-    the neuron's last evaluation being just before it) is non-empty, the
-    cheaper ``(η/sqrt m)·σ_r·||(a_r·err_l)_{l fires}||``.  For a pair last
+    :func:`eval_ever` or :func:`eval_ever_data`, or, when ``err`` (the error
+    of the step just taken, the neuron's last evaluation being just before it)
+    is non-empty and the values come from ``G``, the cheaper
+    ``(η/sqrt m)·σ_r·||(a_r·err_l)_{l fires}||``.  For a pair last
     evaluated at drift ``D`` with value ``v``, ``|U - v| <= (D_r - D)·||x_j||``.
     A pair outside the ever-fired prefix is evaluated only once ``D_r``
     reaches its key ``D + |v - b|/||x_j||`` (keys and their minimum
     ``nf[r, MINKEY]`` are refreshed); the ever-fired pairs, which hold every
     firing pair, are always evaluated.  Flips are applied to the pool and, if
     ``f_j`` is non-empty, recorded from ``fpos`` on as ``(j, value, on)``, and
-    ``σ_r`` is recomputed.  Returns ``(fpos + #flips, bound on
-    ||w_r - w_r(anchor)||, number of pairs evaluated)``.
+    ``σ_r`` becomes unknown, to be recomputed (O(|prefix|²)) only where a bound
+    or a key needs it.  Values come from the Gram identity or, when
+    :func:`by_data` says so for the exchange rate ``scatter``, from the data
+    (:func:`eval_ever_data`, with ``dw`` and ``dws`` of length ``d`` as
+    scratch).  Returns ``(fpos + #flips, bound on ||w_r - w_r(anchor)||,
+    number of pairs evaluated)``.
     """
     ej, uref, val, key, fire = pool.j, pool.uref, pool.val, pool.key, pool.fire
     record = f_j.shape[0] > 0
@@ -254,17 +357,26 @@ def evaluate_neuron(
     s0 = seg[r, START]
     ns = seg[r, SUPP]
     end = s0 + seg[r, CNT]
-    bound_step = err.shape[0] > 0
+    # from the data the exact step costs little more than the values: take it
+    data = by_data(X.shape[1], ns, True, scatter)
+    exact = data or err.shape[0] == 0
     step = 0.0
-    if bound_step:  # fire flags are still those of the step
+    if not exact:  # fire flags are still those of the step
+        if nf[r, SIGMA] == SIGMA_UNKNOWN:
+            nf[r, SIGMA] = sigma(r, seg, pool, G)
         sq = 0.0
         for q in range(s0, s0 + ns):
             if fire[q]:
                 e = dot_row(a, r, err, ej[q])
                 sq += e * e
         step = eta_s * nf[r, SIGMA] * math.sqrt(sq) * _ROUND_UP
-    since_anchor, exact_step = eval_ever(r, seg, pool, scratch, a, E, G, eta_s, not bound_step)
-    if not bound_step:
+    if data:
+        since_anchor, exact_step = eval_ever_data(
+            r, seg, pool, scratch, a, E, X, xnorm, eta_s, True, dw, dws
+        )
+    else:
+        since_anchor, exact_step = eval_ever(r, seg, pool, scratch, a, E, G, eta_s, exact)
+    if exact:
         step = exact_step
     drift = nf[r, DRIFT] + cert * step
     nf[r, DRIFT] = drift
@@ -283,7 +395,10 @@ def evaluate_neuron(
             if key[q] <= drift:
                 evaluated += 1
                 # positions below s0 + ns keep their pairs even after flips
-                val[q] = uref[q] - gram_sum(G, ej[q], ej, dc, s0, ns)
+                if data:
+                    val[q] = uref[q] - _dot(X, ej[q], dw)
+                else:
+                    val[q] = uref[q] - gram_sum(G, ej[q], ej, dc, s0, ns)
                 if val[q] >= b:
                     if record:
                         f_j[fpos], f_v[fpos], f_on[fpos] = ej[q], val[q], True
@@ -294,8 +409,8 @@ def evaluate_neuron(
                 key[q] = drift + (b - val[q]) / xn if xn > 0 else np.inf
             best = min(best, key[q])
         nf[r, MINKEY] = best
-    if fpos > first:  # the fire set changed
-        nf[r, SIGMA] = sigma(r, seg, pool, G)
+    if fpos > first:  # the fire set changed: σ_r is recomputed when next needed
+        nf[r, SIGMA] = SIGMA_UNKNOWN
     return fpos, since_anchor, evaluated
 
 
@@ -322,14 +437,16 @@ def refresh_keys(rows, seg, nf, pool, xnorm, b):
 
 
 @njit(cache=True)
-def neuron_key(r, seg, nf, pool, xnorm, b, R, P, per_p, since_anchor):
+def neuron_key(r, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, since_anchor):
     """Kernel trainer: the value of ``P`` at which a pair of ``r`` may first change side.
 
     In drift units the neuron has this much room left: up to the next key of
     a pair outside its ever-fired prefix (``nf[r, MINKEY] - D_r``), to the
     nearest ever-fired pair (``|v - b|/||x_j||``, values just computed), and to
     its band (``(β - ||w_r - w_r(anchor)||·R)/R``).  The drift grows at most
-    ``per_p·σ_r`` per unit of ``P``.
+    ``per_p·σ_r`` per unit of ``P``; an unknown ``σ_r`` is recomputed, by
+    :func:`trace_sigma` for a neuron whose values come from the data
+    (:func:`by_data`), else by :func:`sigma`.
     """
     ej, val = pool.j, pool.val
     s0 = seg[r, START]
@@ -338,6 +455,11 @@ def neuron_key(r, seg, nf, pool, xnorm, b, R, P, per_p, since_anchor):
         xn = xnorm[ej[q]]
         if xn > 0:
             slack = min(slack, abs(val[q] - b) / xn)
+    if nf[r, SIGMA] == SIGMA_UNKNOWN:
+        if by_data(d, seg[r, SUPP], True, scatter):
+            nf[r, SIGMA] = trace_sigma(r, seg, pool, xnorm)
+        else:
+            nf[r, SIGMA] = sigma(r, seg, pool, G)
     rate = per_p * nf[r, SIGMA]
     return P + max(slack, 0.0) / rate if rate > 0 else np.inf
 

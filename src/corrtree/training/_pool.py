@@ -28,6 +28,7 @@ __all__ = [
     "NFIRE",
     "POOL_DTYPES",
     "SIGMA",
+    "SIGMA_UNKNOWN",
     "START",
     "SUPP",
     "Pool",
@@ -42,8 +43,10 @@ START, CNT, CAP, SUPP, NFIRE = range(5)
 #   BETA      its band half-width β
 #   LEAF_ERR  bound on the error of its stored anchored row (0 when exact)
 #   KEY       the value of P at which it must be looked at again (kernel)
-#   SIGMA     sqrt of a Gershgorin bound on λ_max(G) over its fire set
+#   SIGMA     sqrt of a Gershgorin bound on λ_max(G) over its fire set, or
+#             SIGMA_UNKNOWN once the fire set changed (recomputed when needed)
 DRIFT, MINKEY, BETA, LEAF_ERR, KEY, SIGMA = range(6)
+SIGMA_UNKNOWN = -1.0
 
 #: One flat array per field of the entries; a numba-compatible namedtuple, so
 #: kernels read ``pool.val[q]`` and a new field cannot shift the others.

@@ -15,6 +15,7 @@ from .._validation import available_memory
 from ._anchors import BandState
 from ._base import Trainer
 from ._pairs import (
+    by_data,
     dot_row,
     evaluate_neuron,
     forward,
@@ -34,6 +35,7 @@ from ._pool import (
     NFIRE,
     POOL_DTYPES,
     SIGMA,
+    SIGMA_UNKNOWN,
     START,
     SUPP,
     PoolArrays,
@@ -43,6 +45,8 @@ from ._state import Field, Scalar, fail
 from .optim import LinearStep
 
 __all__ = ["BandTrainer", "choose_storage", "evaluate_rows", "gather_flips"]
+
+_EVALUATE_CHUNKS = _config.EVALUATE_CHUNKS
 
 
 def float_kind(name: str, value: Any) -> str:
@@ -80,11 +84,13 @@ def evaluate_rows(
     E,
     err,
     G,
+    X,
     xnorm,
     eta_s,
     b,
     R,
     cert,
+    scatter,
     fbuf,
     f_j,
     f_v,
@@ -108,18 +114,46 @@ def evaluate_rows(
     """
     ej = pool.j
     record = f_j.shape[0] > 0
-    for k in prange(rows.shape[0]):
-        r = rows[k]
-        if k + 1 < rows.shape[0]:
-            prefetch_block(rows[k + 1], seg, ej, G)
-        first = fbuf[k] if record else 0
-        pos, since_anchor, nevals[k] = evaluate_neuron(
-            r, seg, nf, pool, scratch, a, E, err, G, xnorm, eta_s, b, cert, f_j, f_v, f_on, first
-        )
-        nflips[k] = pos - first
-        again[k] = needs_reanchor(r, nf, since_anchor, R)
-        if per_p > 0 and not again[k]:
-            nf[r, KEY] = neuron_key(r, seg, nf, pool, xnorm, b, R, P, per_p, since_anchor)
+    d = X.shape[1]
+    nrows = rows.shape[0]
+    chunks = min(nrows, _EVALUATE_CHUNKS)
+    for c in prange(chunks):
+        dw = np.empty(d)  # the moves of a neuron, when its values come from the data
+        dws = np.empty(d)
+        for k in range(c * nrows // chunks, (c + 1) * nrows // chunks):
+            r = rows[k]
+            if k + 1 < nrows and not by_data(d, seg[rows[k + 1], SUPP], True, scatter):
+                prefetch_block(rows[k + 1], seg, ej, G)
+            first = fbuf[k] if record else 0
+            pos, since_anchor, nevals[k] = evaluate_neuron(
+                r,
+                seg,
+                nf,
+                pool,
+                scratch,
+                a,
+                E,
+                err,
+                G,
+                X,
+                xnorm,
+                eta_s,
+                b,
+                cert,
+                scatter,
+                dw,
+                dws,
+                f_j,
+                f_v,
+                f_on,
+                first,
+            )
+            nflips[k] = pos - first
+            again[k] = needs_reanchor(r, nf, since_anchor, R)
+            if per_p > 0 and not again[k]:
+                nf[r, KEY] = neuron_key(
+                    r, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, since_anchor
+                )
 
 
 @njit(cache=True)
@@ -242,9 +276,13 @@ def check_band(arrays: dict[str, np.ndarray], scalars: dict[str, Any], n: int) -
         np.isfinite(finite).all()
         and (finite >= 0).all()
         and (nf[:, BETA] > 0).all()
-        and (nf[:, SIGMA] >= 0).all()
+        and ((nf[:, SIGMA] >= 0) | (nf[:, SIGMA] == SIGMA_UNKNOWN)).all()
     ):
-        fail("nf", "drifts, errors and σ must be finite and >= 0, band half-widths > 0")
+        fail(
+            "nf",
+            "drifts and errors must be finite and >= 0, σ >= 0 or unknown (-1), "
+            "band half-widths > 0",
+        )
     owner = np.repeat(np.arange(seg.shape[0]), cnt)
     local = np.arange(owner.shape[0]) - np.repeat(np.cumsum(cnt) - cnt, cnt)
     pos = start[owner] + local
@@ -401,11 +439,13 @@ class BandTrainer(Trainer):
             st.E,
             err,
             self.G,
+            self.X,
             st.xnorm,
             self.eta_s,
             self.b,
             st.R,
             self.cert,
+            _config.SCATTER_COST,
             fbuf,
             f_j,
             f_v,

@@ -134,12 +134,12 @@ def apply_flips(fr, fj, fv, fon, seg, pool, u, H, a, G, b, scale, m):
 
 
 @njit(cache=True, parallel=True)
-def anchor_keys(rows, seg, nf, pool, xnorm, b, R, P, per_p):
+def anchor_keys(rows, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p):
     """Pair keys and neuron keys of freshly anchored neurons (all values current)."""
     for k in prange(rows.shape[0]):
         r = rows[k]
         set_keys(r, seg, nf, pool, xnorm, b)
-        nf[r, KEY] = neuron_key(r, seg, nf, pool, xnorm, b, R, P, per_p, 0.0)
+        nf[r, KEY] = neuron_key(r, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, 0.0)
 
 
 class KernelTrainer(BandTrainer):
@@ -185,7 +185,20 @@ class KernelTrainer(BandTrainer):
         """Every neuron gets its first key, once the learning rate sets the drift rate."""
         st = self.store
         every = np.arange(self.m)
-        anchor_keys(every, st.seg, st.nf, st.pool.arrays, st.xnorm, st.b, st.R, self.P, self.per_p)
+        anchor_keys(
+            every,
+            st.seg,
+            st.nf,
+            st.pool.arrays,
+            self.G,
+            st.xnorm,
+            self.X.shape[1],
+            _config.SCATTER_COST,
+            st.b,
+            st.R,
+            self.P,
+            self.per_p,
+        )
         self.heap_keys = np.empty(self.m)
         self.heap_ids = np.empty(self.m, dtype=np.int64)
         self.heap_size = push_all(self.heap_keys, self.heap_ids, 0, every, st.nf)
@@ -237,7 +250,18 @@ class KernelTrainer(BandTrainer):
                 before = int(st.seg[rows, CNT].sum())
                 self.flips += self._apply(self._reanchor(rows))
                 anchor_keys(
-                    rows, st.seg, st.nf, st.pool.arrays, st.xnorm, st.b, st.R, self.P, self.per_p
+                    rows,
+                    st.seg,
+                    st.nf,
+                    st.pool.arrays,
+                    self.G,
+                    st.xnorm,
+                    self.X.shape[1],
+                    _config.SCATTER_COST,
+                    st.b,
+                    st.R,
+                    self.P,
+                    self.per_p,
                 )
                 self.entries += int(st.seg[rows, CNT].sum()) - before
             self.heap_size = push_all(self.heap_keys, self.heap_ids, self.heap_size, due, st.nf)
