@@ -43,7 +43,7 @@ def reanchor(
             sub = np.flatnonzero(~from_anchor)
             exact[sub] = st.W0[part[sub]] @ st.X.T
         gram_rows(part, exact, st.seg, pool, st.a, st.E, eta_s, st.G, from_anchor)
-        _maxtree.set_rows(st.V, st.inner, st.off, part, exact.astype(st.V.dtype))
+        _maxtree.set_rows(st.V, st.inner, st.off, part, _leaves(exact, st.V.dtype))
         st.nf[part, LEAF_ERR] = 0.0
         tau = np.full(part.shape[0], st.b - st.band)
         counts = count_candidates(st.V, st.inner, st.off, part, tau, st.nf[:, LEAF_ERR])
@@ -72,6 +72,16 @@ def reanchor(
         for acc, arr in zip(out, flips, strict=True):
             acc.append(arr)
     return tuple(np.concatenate(acc) for acc in out)
+
+
+def _leaves(exact: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Exact rows as tree leaves.  float32 leaves are clipped to its finite range: the
+    trees only compare leaves with thresholds near ``b``, and the exact values stay
+    in the pool (products beyond 3.4e38 come from a run that is diverging)."""
+    if dtype == np.float32:
+        big = float(np.finfo(np.float32).max)
+        return np.clip(exact, -big, big).astype(np.float32)
+    return exact
 
 
 @njit(cache=True, parallel=True)
