@@ -289,3 +289,17 @@ def test_stepped_rows_is_the_sparse_gradient_step():
     rows = np.flatnonzero(F.any(axis=1)).astype(np.int64)
     got = stepped_rows(W[rows], rows, indptr, idx, X, a, err, 0.3)
     np.testing.assert_allclose(got, sparse_step(W, F, X, a, err, 0.3)[rows], atol=1e-13)
+
+
+def test_float32_leaves_of_a_diverging_row_stay_finite():
+    import warnings
+
+    from corrtree.training._reanchor import _leaves
+
+    exact = np.array([[1e39, -1e300, 0.5, np.inf]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow in the cast
+        leaves = _leaves(exact, np.dtype(np.float32))
+    big = np.finfo(np.float32).max
+    np.testing.assert_array_equal(leaves, np.array([[big, -big, 0.5, big]], dtype=np.float32))
+    assert _leaves(exact, np.dtype(np.float64)) is exact

@@ -173,11 +173,15 @@ def warm_kernels(method: str, outputs: int = 1, **options: Any) -> None:
     from ..training import train
 
     tiny = sphere(n=8, d=4, outputs=outputs, seed=1)
-    train(
-        TwoLayerReLU.init(d=4, m=64, outputs=outputs),
-        tiny.X_train,
-        tiny.y_train,
-        method=method,
-        iters=2,
-        **options,
-    )
+    model = TwoLayerReLU.init(d=4, m=64, outputs=outputs)
+    train(model, tiny.X_train, tiny.y_train, method=method, iters=2, **options)
+    # lr="auto" beyond the formed-matrix limit: the sparse NTK mat-vec, both ways
+    from ..training import _ntk
+    from ..training._sparse import keys_to_csr
+
+    X, a = tiny.X_train, model.output_weights
+    fire = keys_to_csr(np.flatnonzero(model.W @ X.T >= model.b), model.m, X.shape[0])
+    v = np.ones((X.shape[0], outputs))
+    f32 = (X.astype(np.float32), a.astype(np.float32), v.astype(np.float32))
+    _ntk._ntk_matvec_data(*fire, *f32, _ntk._work_bounds(fire[0], 2), float(model.m))
+    _ntk.ntk_matvec(*fire, X @ X.T, a)(v.ravel())
