@@ -181,12 +181,11 @@ class KernelTrainer(BandTrainer):
         """The drift of a neuron grows at most ``per_p·σ_r`` per unit of ``P``."""
         return self.eta_s * math.sqrt(self.a.shape[1]) * self.cert * _config.ROUND_UP
 
-    def _start(self) -> None:
-        """Every neuron gets its first key, once the learning rate sets the drift rate."""
+    def _anchor_keys(self, rows: np.ndarray) -> None:
+        """:func:`anchor_keys` of freshly anchored ``rows`` at the current ``P``."""
         st = self.store
-        every = np.arange(self.m)
         anchor_keys(
-            every,
+            rows,
             st.seg,
             st.nf,
             st.pool.arrays,
@@ -199,6 +198,12 @@ class KernelTrainer(BandTrainer):
             self.P,
             self.per_p,
         )
+
+    def _start(self) -> None:
+        """Every neuron gets its first key, once the learning rate sets the drift rate."""
+        st = self.store
+        every = np.arange(self.m)
+        self._anchor_keys(every)
         self.heap_keys = np.empty(self.m)
         self.heap_ids = np.empty(self.m, dtype=np.int64)
         self.heap_size = push_all(self.heap_keys, self.heap_ids, 0, every, st.nf)
@@ -249,20 +254,7 @@ class KernelTrainer(BandTrainer):
             if rows.shape[0]:
                 before = int(st.seg[rows, CNT].sum())
                 self.flips += self._apply(self._reanchor(rows))
-                anchor_keys(
-                    rows,
-                    st.seg,
-                    st.nf,
-                    st.pool.arrays,
-                    self.G,
-                    st.xnorm,
-                    self.X.shape[1],
-                    _config.SCATTER_COST,
-                    st.b,
-                    st.R,
-                    self.P,
-                    self.per_p,
-                )
+                self._anchor_keys(rows)
                 self.entries += int(st.seg[rows, CNT].sum()) - before
             self.heap_size = push_all(self.heap_keys, self.heap_ids, self.heap_size, due, st.nf)
         row = self._row(*stats, reanchored=rows.shape[0], evaluated_pairs=self.evaluated)
