@@ -67,7 +67,6 @@ def _evaluate(st, r, scratch, eta_s, f_j, f_v, f_on, scatter=0.0):
         1.0,
         scatter,
         np.empty(st.X.shape[1]),
-        np.empty(st.X.shape[1]),
         f_j,
         f_v,
         f_on,
@@ -120,16 +119,18 @@ def test_eval_ever_from_the_data_gives_the_same_values_and_bounds():
     U = products(st.X, W)
     scratch = np.empty((2, st.pool.capacity))
     pool = st.pool.arrays
-    pool.clast[:] = 0.05 * rng.standard_normal(pool.clast.shape[0])  # a last evaluation
+    # a last evaluation at other coefficients, its values with it (as the pool keeps them)
+    pool.clast[:] = 0.05 * rng.standard_normal(pool.clast.shape[0])
     clast = pool.clast.copy()
-    dw, dws = np.empty(st.X.shape[1]), np.empty(st.X.shape[1])
+    dw = np.empty(st.X.shape[1])
     for r in range(st.m):
         s0, ns = st.seg[r, START], st.seg[r, SUPP]
-        before = st.W0[r] - clast[s0 : s0 + ns] @ st.X[pool.j[s0 : s0 + ns]]
-        since, step = _pairs.eval_ever_data(
-            r, st.seg, pool, scratch, st.a, st.E, st.X, st.xnorm, eta_s, True, dw, dws
-        )
         j = pool.j[s0 : s0 + ns]
+        before = st.W0[r] - clast[s0 : s0 + ns] @ st.X[j]
+        pool.val[s0 : s0 + ns] = st.X[j] @ before
+        since, step = _pairs.eval_ever_data(
+            r, st.seg, pool, scratch, st.a, st.E, st.X, st.xnorm, eta_s, dw
+        )
         np.testing.assert_allclose(pool.val[s0 : s0 + ns], U[r, j], rtol=0, atol=1e-12)
         dist = np.linalg.norm(W[r] - st.W0[r])
         assert dist <= since <= dist * (1 + 1e-9) + 1e-9
@@ -137,6 +138,30 @@ def test_eval_ever_from_the_data_gives_the_same_values_and_bounds():
         assert moved <= step <= moved * (1 + 1e-9) + 1e-9
         np.testing.assert_allclose(pool.clast[s0 : s0 + ns], C[r, j], rtol=0, atol=1e-15)
     assert since > 0
+
+
+@pytest.mark.parametrize("want_step", [False, True])
+def test_the_data_step_follows_an_evaluation_from_g(want_step):
+    """The data route reads the step from the values the last evaluation left, whichever
+    route made them: after one from ``G`` (the lazy trainer's σ-bounded step, or an
+    exact one), the next exact step is the distance moved since it."""
+    st, rng = _state(6)
+    eta_s = _perturb(st, rng)
+    scratch = np.empty((2, st.pool.capacity))
+    pool = st.pool.arrays
+    dw = np.empty(st.X.shape[1])
+    C1 = coefficients(st.seg, pool, st.a, st.E, eta_s, st.m, st.n)
+    for r in range(st.m):
+        _pairs.eval_ever(r, st.seg, pool, scratch, st.a, st.E, st.G, eta_s, want_step)
+    st.E += 0.02 * rng.standard_normal(st.E.shape)  # the error of later steps
+    C2 = coefficients(st.seg, pool, st.a, st.E, eta_s, st.m, st.n)
+    moved = np.linalg.norm((C2 - C1) @ st.X, axis=1)
+    for r in range(st.m):
+        _, step = _pairs.eval_ever_data(
+            r, st.seg, pool, scratch, st.a, st.E, st.X, st.xnorm, eta_s, dw
+        )
+        assert moved[r] <= step <= moved[r] * (1 + 1e-9) + 1e-9
+    assert moved.max() > 0
 
 
 def test_gram_sum_is_the_gram_weighted_sum():
@@ -171,7 +196,6 @@ def test_evaluate_neuron_flips_exactly_the_crossed_pairs(scatter):
     C = coefficients(st.seg, st.pool.arrays, st.a, st.E, eta_s, st.m, st.n)
     U = products(st.X, st.W0 - C @ st.X)
     st.nf[:, 1] = 0.0  # MINKEY: every tracked pair is due
-    _pairs.update_sigma(np.arange(st.m), st.seg, st.nf, st.pool.arrays, st.G)
     scratch = np.empty((2, st.pool.capacity))
     none = np.empty(0, dtype=np.int64)
     total = 0
@@ -243,7 +267,6 @@ def test_apply_flips_keeps_h_the_ntk_of_the_fire_sets():
     scratch = np.empty((2, st.pool.capacity))
     fr, fj, fv, fo = [], [], [], []
     st.nf[:, 1] = 0.0
-    _pairs.update_sigma(np.arange(st.m), st.seg, st.nf, st.pool.arrays, st.G)
     for r in range(st.m):
         cap = st.seg[r, CNT]
         f_j, f_v, f_on = np.empty(cap, np.int64), np.empty(cap), np.empty(cap, np.bool_)

@@ -39,6 +39,11 @@ GEMM32_SAFETY = 2.0
 ANCHOR_BLOCK_BYTES = 128 * 2**20
 #: Exact rows recomputed at once when neurons are re-anchored.
 REANCHOR_BLOCK_BYTES = 64 * 2**20
+#: A float64 GEMM does about this many flops in the time a kernel streams one
+#: element of a row of G: a re-anchored row is ``W(t)[r]·Xᵀ`` (2dn/this, after
+#: O(d·|prefix|) to form ``w_r(t)``) unless its float64 anchored row plus the Gram
+#: identity (n·|prefix|) is cheaper.
+REANCHOR_GEMM_GAIN = 8.0
 #: New products computed at once by a correlation tree update.
 TREE_UPDATE_BLOCK_BYTES = 256 * 2**20
 #: Products computed at once by ``predict``/``loss``/``fire_counts`` and when a

@@ -22,7 +22,7 @@ from numba import njit, prange
 
 from .. import _config, _maxtree
 from ._pairs import firing_csr, materialize
-from ._pool import BETA, CAP, CNT, LEAF_ERR, NFIRE, START, SUPP, Pool
+from ._pool import BETA, CAP, CNT, LEAF_ERR, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP, Pool
 
 __all__ = ["BandState", "count_candidates", "query_threshold"]
 
@@ -175,6 +175,7 @@ class BandState:
         self.seg = np.zeros((m, 5), dtype=np.int64)
         self.nf = np.zeros((m, 6))
         self.nf[:, BETA] = self.band
+        self.nf[:, SIGMA] = SIGMA_UNKNOWN  # computed where a bound first needs it
         self.pool = Pool(m * _config.POOL_ENTRIES_PER_NEURON)
         self._anchor_all(np.dtype(gemm_dtype) == np.float32)
 
@@ -276,6 +277,10 @@ class BandState:
 
     def weights(self, start: int, stop: int, eta_s: float) -> np.ndarray:
         """``W(t)[start:stop] = W0[start:stop] - C X`` as a new array.  O(d·Σ_r |prefix_r|)."""
-        out = np.array(self.W0[start:stop])
-        materialize(out, start, self.X, self.seg, self.pool.arrays, self.a, self.E, eta_s)
+        return self.weights_of(np.arange(start, stop, dtype=np.int64), eta_s)
+
+    def weights_of(self, rows: np.ndarray, eta_s: float) -> np.ndarray:
+        """``W(t)[rows]`` as a new array.  O(d·Σ_{r ∈ rows} |prefix_r|)."""
+        out = self.W0[rows]
+        materialize(out, rows, self.X, self.seg, self.pool.arrays, self.a, self.E, eta_s)
         return out

@@ -47,7 +47,6 @@ __all__ = [
     "set_keys",
     "sigma",
     "trace_sigma",
-    "update_sigma",
 ]
 
 _ROUND_UP = _config.ROUND_UP
@@ -128,13 +127,6 @@ def trace_sigma(r, seg, pool, xnorm):
     return math.sqrt(t)
 
 
-@njit(cache=True, parallel=True)
-def update_sigma(rows, seg, nf, pool, G):
-    """:func:`sigma` of every neuron of ``rows`` into ``nf[:, SIGMA]``."""
-    for k in prange(rows.shape[0]):
-        nf[rows[k], SIGMA] = sigma(rows[k], seg, pool, G)
-
-
 @njit(cache=True)
 def prefetch_block(r, seg, ej, G):
     """Ask for the ``G[P, P]`` entries (upper triangle) of neuron ``r`` ahead of use."""
@@ -182,8 +174,8 @@ def eval_ever(r, seg, pool, scratch, a, E, G, eta_s, want_step):
         l1_a += abs(dc[q])
         if want_step:
             dl[q] = c - clast[q]
-            clast[q] = c
             l1_s += abs(dl[q])
+        clast[q] = c  # values and clast always describe the last evaluation
     sq_s = 0.0
     gmax = 0.0
     for q in range(s0, end):
@@ -213,13 +205,18 @@ def eval_ever(r, seg, pool, scratch, a, E, G, eta_s, want_step):
     return safe_norm(sq_a, l1_a, gmax), step
 
 
-@njit(cache=True, fastmath={"reassoc", "contract"})
-def eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, want_step, dw, dws):
-    """:func:`eval_ever` with the Gram sums rebuilt from the data: the moves
-    ``dw = Σ_l dc_l x_l`` since the anchor (and ``dws`` since the last evaluation)
-    are formed once, in ``O(d·|P|)``, and each value is ``uref - <x_j, dw>``.
-    Cheaper than the ``|P|²/2`` scattered reads of ``G`` when ``d`` is small
-    against ``|P|`` (:func:`by_data`); the bounds cover the rounding of ``dw``.
+@njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
+def eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw):
+    """:func:`eval_ever` with the Gram sums rebuilt from the data: the move
+    ``dw = Σ_l dc_l x_l`` since the anchor is formed once, in ``O(d·|P|)``, and
+    each value is ``uref - <x_j, dw>``.  Cheaper than the ``|P|²/2`` scattered
+    reads of ``G`` when ``d`` is small against ``|P|`` (:func:`by_data`).
+
+    The step since the last evaluation, ``dws = Σ_l dl_l x_l`` with
+    ``dl = C - clast``, is never formed: the values of the last evaluation
+    (``val`` on entry, which with ``clast`` always describes it) give
+    ``<x_l, dws> = val_old_l - val_l``, so ``||dws||² = Σ_l dl_l·(val_old_l - val_l)``.
+    Both returned bounds cover their rounding.  O(d·|P|).
     """
     ej, uref, val, cref, clast = pool.j, pool.uref, pool.val, pool.cref, pool.clast
     dc, dl = scratch[0], scratch[1]
@@ -227,35 +224,45 @@ def eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, want_step, dw, 
     end = s0 + seg[r, SUPP]
     d = X.shape[1]
     dw[:] = 0.0
-    dws[:] = 0.0
     l1_a = 0.0
     l1_s = 0.0
-    gmax = 0.0
+    l1_o = 0.0  # Σ|clast - cref|: the move at the last evaluation
+    xmax = 0.0
     for q in range(s0, end):
         jp = ej[q]
         c = coef(q, r, pool, a, E, eta_s)
-        dc[q] = c - cref[q]
-        l1_a += abs(dc[q])
-        gmax = max(gmax, xnorm[jp] * xnorm[jp])
+        cq = c - cref[q]
+        dc[q] = cq
+        dl[q] = c - clast[q]
+        l1_s += abs(dl[q])
+        l1_a += abs(cq)
+        l1_o += abs(clast[q] - cref[q])
+        clast[q] = c
+        xmax = max(xmax, xnorm[jp])
         for t in range(d):
-            dw[t] += dc[q] * X[jp, t]
-        if want_step:
-            dl[q] = c - clast[q]
-            clast[q] = c
-            l1_s += abs(dl[q])
-            for t in range(d):
-                dws[t] += dl[q] * X[jp, t]
-    for q in range(s0, end):
-        val[q] = uref[q] - _dot(X, ej[q], dw)
-    # |‖dw‖² - ‖computed dw‖²| <= (2γ_|P| + γ_d)·(Σ|dc|)²·max‖x‖², γ_k ≈ k·2⁻⁵³
-    unit = 4.0 * (end - s0 + d) * _U64 * gmax
-    sq_a = 0.0
+            dw[t] += cq * X[jp, t]
     sq_s = 0.0
+    mag = 0.0  # Σ_l |dl_l|·(the magnitudes each value's rounding is relative to)
+    for q in range(s0, end):
+        jp = ej[q]
+        old = val[q]
+        v = uref[q] - _dot(X, jp, dw)
+        diff = old - v
+        val[q] = v
+        sq_s += dl[q] * diff
+        mag += abs(dl[q]) * (abs(uref[q]) + abs(old) + abs(v) + 2.0 * abs(diff))
+    # ‖dw‖: |‖dw‖² - ‖computed dw‖²| <= (2γ_|P| + γ_d)·(Σ|dc|)²·max‖x‖², γ_k ≈ k·2⁻⁵³.
+    # ‖dws‖²: a value of either evaluation is within (γ_|P| + γ_d)·(its Σ|dc|)·max‖x‖²
+    # (+ u·|value| + γ_|P|·|uref| when summed from G) of exact arithmetic on the
+    # stored coefficients; the differences and their sum add u·|diff|, γ_|P|·|dl·diff|.
+    # Times |dl_l| and summed: 8(|P| + d + 2)·2⁻⁵³·mag covers all of it.
+    unit = 4.0 * (end - s0 + d) * _U64
+    sq_a = 0.0
     for t in range(d):
         sq_a += dw[t] * dw[t]
-        sq_s += dws[t] * dws[t]
-    step = math.sqrt(sq_s + unit * l1_s * l1_s) * _ROUND_UP if want_step else 0.0
-    return math.sqrt(sq_a + unit * l1_a * l1_a) * _ROUND_UP, step
+    mag += l1_s * xmax * xmax * (l1_a + l1_o)
+    step = math.sqrt(max(sq_s + 2.0 * (unit + 8.0 * _U64) * mag, 0.0)) * _ROUND_UP
+    return math.sqrt(sq_a + unit * xmax * xmax * l1_a * l1_a) * _ROUND_UP, step
 
 
 @njit(cache=True, inline="always")
@@ -267,11 +274,12 @@ def _dot(X, j, w):
 
 
 @njit(cache=True, inline="always")
-def by_data(d, ns, want_step, scatter):
+def by_data(d, ns, scatter):
     """Whether the values of a prefix of ``ns`` pairs are cheaper rebuilt from the
-    data (``(2 + want_step)·d·ns`` flops) than read from ``G`` (``ns²/2`` scattered
-    reads of ``scatter`` flops each, :data:`~corrtree._config.SCATTER_COST`)."""
-    return (2 + want_step) * d < scatter * (ns + 1) / 2
+    data (``2·d·ns`` flops: the move, then one dot product a pair) than read from
+    ``G`` (``ns²/2`` scattered reads of ``scatter`` flops each,
+    :data:`~corrtree._config.SCATTER_COST`)."""
+    return 2 * d < scatter * (ns + 1) / 2
 
 
 @njit(cache=True)
@@ -306,7 +314,7 @@ def flip(r, q, seg, pool, a, E, eta_s, on):
     return q
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def evaluate_neuron(
     r,
     seg,
@@ -324,7 +332,6 @@ def evaluate_neuron(
     cert,
     scatter,
     dw,
-    dws,
     f_j,
     f_v,
     f_on,
@@ -347,7 +354,7 @@ def evaluate_neuron(
     ``σ_r`` becomes unknown, to be recomputed (O(|prefix|²)) only where a bound
     or a key needs it.  Values come from the Gram identity or, when
     :func:`by_data` says so for the exchange rate ``scatter``, from the data
-    (:func:`eval_ever_data`, with ``dw`` and ``dws`` of length ``d`` as
+    (:func:`eval_ever_data`, with ``dw`` of length ``d`` as
     scratch).  Returns ``(fpos + #flips, bound on ||w_r - w_r(anchor)||,
     number of pairs evaluated)``.
     """
@@ -357,8 +364,8 @@ def evaluate_neuron(
     s0 = seg[r, START]
     ns = seg[r, SUPP]
     end = s0 + seg[r, CNT]
-    # from the data the exact step costs little more than the values: take it
-    data = by_data(X.shape[1], ns, True, scatter)
+    # from the data the exact step costs nothing more than the values: take it
+    data = by_data(X.shape[1], ns, scatter)
     exact = data or err.shape[0] == 0
     step = 0.0
     if not exact:  # fire flags are still those of the step
@@ -371,9 +378,7 @@ def evaluate_neuron(
                 sq += e * e
         step = eta_s * nf[r, SIGMA] * math.sqrt(sq) * _ROUND_UP
     if data:
-        since_anchor, exact_step = eval_ever_data(
-            r, seg, pool, scratch, a, E, X, xnorm, eta_s, True, dw, dws
-        )
+        since_anchor, exact_step = eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw)
     else:
         since_anchor, exact_step = eval_ever(r, seg, pool, scratch, a, E, G, eta_s, exact)
     if exact:
@@ -456,7 +461,7 @@ def neuron_key(r, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, since_anc
         if xn > 0:
             slack = min(slack, abs(val[q] - b) / xn)
     if nf[r, SIGMA] == SIGMA_UNKNOWN:
-        if by_data(d, seg[r, SUPP], True, scatter):
+        if by_data(d, seg[r, SUPP], scatter):
             nf[r, SIGMA] = trace_sigma(r, seg, pool, xnorm)
         else:
             nf[r, SIGMA] = sigma(r, seg, pool, G)
@@ -473,9 +478,11 @@ def forward(neurons, seg, pool, a, b, scale, n):
     """
     ej, val, fire = pool.j, pool.val, pool.fire
     K = a.shape[1]
-    parts = np.zeros((_CHUNKS, n, K))
+    parts = np.empty((_CHUNKS, n, K))
     size = (neurons.shape[0] + _CHUNKS - 1) // _CHUNKS
     for c in prange(_CHUNKS):
+        part = parts[c]
+        part[:] = 0.0
         for k in range(c * size, min((c + 1) * size, neurons.shape[0])):
             r = neurons[k]
             s0 = seg[r, START]
@@ -483,25 +490,30 @@ def forward(neurons, seg, pool, a, b, scale, n):
                 q = s0 + p
                 if fire[q]:
                     z = val[q] - b
+                    j = ej[q]
                     for kk in range(K):
-                        parts[c, ej[q], kk] += a[r, kk] * z
-    u = np.zeros((n, K))
-    for c in range(_CHUNKS):
-        u += parts[c]
-    return u * scale
+                        part[j, kk] += a[r, kk] * z
+    u = np.empty((n, K))
+    for j in prange(n):  # the chunks in a fixed order
+        for kk in range(K):
+            t = 0.0
+            for c in range(_CHUNKS):
+                t += parts[c, j, kk]
+            u[j, kk] = t * scale
+    return u
 
 
 @njit(cache=True, parallel=True)
-def materialize(out, start, X, seg, pool, a, E, eta_s):
-    """``out[k] -= Σ_l C_{r,l} x_l`` for ``r = start + k`` over the ever-fired pairs.
+def materialize(out, rows, X, seg, pool, a, E, eta_s):
+    """``out[k] -= Σ_l C_{r,l} x_l`` for ``r = rows[k]`` over the ever-fired pairs.
 
-    ``out`` holds ``W(0)[start : start + len(out)]`` on entry and ``W(t)`` of
-    those rows on return.  O(d · Σ_r |prefix_r|).
+    ``out`` holds ``W(0)[rows]`` on entry and ``W(t)[rows]`` on return.
+    O(d · Σ_r |prefix_r|).
     """
     ej = pool.j
     d = X.shape[1]
     for k in prange(out.shape[0]):
-        r = start + k
+        r = rows[k]
         s0 = seg[r, START]
         for p in range(seg[r, SUPP]):
             q = s0 + p

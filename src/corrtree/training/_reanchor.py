@@ -1,7 +1,9 @@
 """Re-anchoring: a neuron whose certificate expired gets an exact row at the current
 time, a rebuilt tree and a new band of entries (``docs/design.md``, "Anchors and
-bands").  Cost per neuron: O(n·|prefix|) for the Gram identity (or O(nd) from
-``W0`` when the stored row is float32) plus O(n) for its tree.
+bands").  Cost per neuron: O(n·|prefix|) for the Gram identity from a float64
+anchored row, or O(d·|prefix|) for ``w_r(t)`` and O(nd) in a GEMM for its row,
+whichever is cheaper (:data:`~corrtree._config.REANCHOR_GEMM_GAIN`), plus O(n)
+for its tree.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from numba.typed import List
 from .. import _config, _maxtree
 from ._anchors import BandState, count_candidates, query_threshold
 from ._pairs import coef, dot_row, flip
-from ._pool import CAP, CNT, LEAF_ERR, NFIRE, START, SUPP
+from ._pool import CAP, CNT, LEAF_ERR, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP
 
 __all__ = ["reanchor"]
 
@@ -37,14 +39,22 @@ def reanchor(
         part = rows[s : s + chunk]
         exact = np.empty((part.shape[0], st.n))
         # an anchored row is exact if stored in float64 and not from a float32 GEMM
-        from_anchor = (st.nf[part, LEAF_ERR] == 0.0) & (st.anchor_dtype == np.float64)
-        exact[from_anchor] = st.V[part[from_anchor]]
+        from_anchor = (
+            (st.nf[part, LEAF_ERR] == 0.0)
+            & (st.anchor_dtype == np.float64)
+            & (st.seg[part, SUPP] * _config.REANCHOR_GEMM_GAIN < 2 * st.X.shape[1])
+        )
+        if from_anchor.any():
+            rows = part[from_anchor]
+            known = st.V[rows].astype(np.float64)
+            gram_rows(rows, known, st.seg, pool, st.a, st.E, eta_s, st.G)
+            exact[from_anchor] = known
         if not from_anchor.all():
-            sub = np.flatnonzero(~from_anchor)
-            exact[sub] = st.W0[part[sub]] @ st.X.T
-        gram_rows(part, exact, st.seg, pool, st.a, st.E, eta_s, st.G, from_anchor)
+            rows = part[~from_anchor]
+            exact[~from_anchor] = st.weights_of(rows, eta_s) @ st.X.T
         _maxtree.set_rows(st.V, st.inner, st.off, part, _leaves(exact, st.V.dtype))
         st.nf[part, LEAF_ERR] = 0.0
+        st.nf[part, SIGMA] = SIGMA_UNKNOWN  # the fire set is rebuilt
         tau = np.full(part.shape[0], st.b - st.band)
         counts = count_candidates(st.V, st.inner, st.off, part, tau, st.nf[:, LEAF_ERR])
         need = counts + ever_not_in_band(part, exact, st.seg, pool, st.b - st.band)
@@ -85,12 +95,9 @@ def _leaves(exact: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 
 @njit(cache=True, parallel=True)
-def gram_rows(rows, out, seg, pool, a, E, eta_s, G, from_anchor):
-    """Exact current rows by the Gram identity, in place.
-
-    ``out[k]`` holds the anchored row (``from_anchor[k]``): subtract
-    ``Σ_l (C_l - cref_l) G[l]``; or ``W0[r] Xᵀ``: subtract ``Σ_l C_l G[l]``.
-    """
+def gram_rows(rows, out, seg, pool, a, E, eta_s, G):
+    """Exact current rows by the Gram identity, in place: ``out[k]`` holds the
+    anchored row of ``rows[k]``; subtract ``Σ_l (C_l - cref_l) G[l]``."""
     ej, cref = pool.j, pool.cref
     n = out.shape[1]
     for k in prange(rows.shape[0]):
@@ -98,9 +105,7 @@ def gram_rows(rows, out, seg, pool, a, E, eta_s, G, from_anchor):
         s0 = seg[r, START]
         for p in range(seg[r, SUPP]):
             q = s0 + p
-            c = coef(q, r, pool, a, E, eta_s)
-            if from_anchor[k]:
-                c -= cref[q]
+            c = coef(q, r, pool, a, E, eta_s) - cref[q]
             if c != 0.0:
                 g = ej[q]
                 for j in range(n):

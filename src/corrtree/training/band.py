@@ -23,7 +23,6 @@ from ._pairs import (
     neuron_key,
     prefetch_block,
     refresh_keys,
-    update_sigma,
 )
 from ._pool import (
     BETA,
@@ -73,7 +72,7 @@ def choose_storage(n: int, m: int, gemm_dtype: str) -> str:
     return "float64"
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, fastmath={"reassoc", "contract"})
 def evaluate_rows(
     rows,
     seg,
@@ -118,11 +117,10 @@ def evaluate_rows(
     nrows = rows.shape[0]
     chunks = min(nrows, _EVALUATE_CHUNKS)
     for c in prange(chunks):
-        dw = np.empty(d)  # the moves of a neuron, when its values come from the data
-        dws = np.empty(d)
+        dw = np.empty(d)  # the move of a neuron, when its values come from the data
         for k in range(c * nrows // chunks, (c + 1) * nrows // chunks):
             r = rows[k]
-            if k + 1 < nrows and not by_data(d, seg[rows[k + 1], SUPP], True, scatter):
+            if k + 1 < nrows and not by_data(d, seg[rows[k + 1], SUPP], scatter):
                 prefetch_block(rows[k + 1], seg, ej, G)
             first = fbuf[k] if record else 0
             pos, since_anchor, nevals[k] = evaluate_neuron(
@@ -142,7 +140,6 @@ def evaluate_rows(
                 cert,
                 scatter,
                 dw,
-                dws,
                 f_j,
                 f_v,
                 f_on,
@@ -344,7 +341,6 @@ class BandTrainer(Trainer):
         self.store = st = BandState(
             W0, self.X, self.G, self.a, self.b, band, anchor_dtype, gemm_dtype
         )
-        update_sigma(np.arange(self.m), st.seg, st.nf, st.pool.arrays, self.G)
         self.alpha = 1.0  # factor of W(0) in W(t) (weight decay, optim.py)
         self.u = forward(st.firing_neurons(), st.seg, st.pool.arrays, self.a, self.b, self.scale, n)
         self.flips = 0
@@ -498,8 +494,6 @@ class BandTrainer(Trainer):
         return row
 
     def _reanchor(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Re-anchor ``rows`` and refresh their σ; returns the flips it found."""
+        """Re-anchor ``rows``; returns the flips it found."""
         self.evaluated += rows.shape[0] * self.X.shape[0]  # a whole exact row each
-        flips = reanchor(self.store, rows, self.eta_s)
-        update_sigma(rows, self.store.seg, self.store.nf, self.store.pool.arrays, self.G)
-        return flips
+        return reanchor(self.store, rows, self.eta_s)

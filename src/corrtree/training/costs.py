@@ -95,7 +95,7 @@ def estimate(
     # share of neurons leaving their band per iteration (rare: W2, W3 spend <5% there)
     reanchored = min(1.0, 0.002 * coh * k)
     others = expired * (tracked - k)  # tracked pairs outside the prefix evaluated
-    evaluate = min(k * k / 2 + others * k, (3 * d * k + others * d) / DATA_FLOPS_PER_OP)
+    evaluate = min(k * k / 2 + others * k, (2 * d * k + others * d) / DATA_FLOPS_PER_OP)
     per_neuron = evaluate + k * K + reanchored * (k * n + 2 * n * d * SPARSE_OPS / BLAS_FLOPS)
     # float32 GEMM, float64 recomputation of the tracked pairs, trees
     pre = gemm / 2 + m * tracked * d * 4 / BLAS_FLOPS + n * m / STREAM_OPS
