@@ -16,6 +16,7 @@ from naive import (
     sparse_step,
 )
 
+from corrtree import _config
 from corrtree.training import _pairs
 from corrtree.training._anchors import BandState
 from corrtree.training._pool import CNT, NFIRE, START, SUPP
@@ -233,8 +234,18 @@ def test_weights_forward_and_firing_csr_against_brute_force():
     np.testing.assert_array_equal(idx, want[1])
 
 
-@pytest.mark.parametrize(("gemm", "anchor"), [("float64", "float64"), ("float32", "float32")])
-def test_reanchor_recomputes_rows_and_bands(gemm, anchor):
+@pytest.mark.parametrize(
+    ("gemm", "anchor", "gain"),
+    [
+        ("float64", "float64", 0.0),  # every row from its float64 anchor, by the Gram identity
+        ("float64", "float64", 1e9),  # every row that moved: w_r(t)·Xᵀ
+        ("float32", "float32", 0.0),  # float32 anchors: always w_r(t)·Xᵀ
+    ],
+)
+@pytest.mark.parametrize("block_bytes", [64 * 2**20, 1])  # one block, or a row per block
+def test_reanchor_recomputes_rows_and_bands(gemm, anchor, gain, block_bytes, monkeypatch):
+    monkeypatch.setattr(_config, "REANCHOR_GEMM_GAIN", gain)
+    monkeypatch.setattr(_config, "REANCHOR_BLOCK_BYTES", block_bytes)
     st, rng = _state(6, gemm=gemm, anchor=anchor)
     eta_s = _perturb(st, rng, scale=0.2)
     C = coefficients(st.seg, st.pool.arrays, st.a, st.E, eta_s, st.m, st.n)

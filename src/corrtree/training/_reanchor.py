@@ -45,13 +45,11 @@ def reanchor(
             & (st.seg[part, SUPP] * _config.REANCHOR_GEMM_GAIN < 2 * st.X.shape[1])
         )
         if from_anchor.any():
-            rows = part[from_anchor]
-            known = st.V[rows].astype(np.float64)
-            gram_rows(rows, known, st.seg, pool, st.a, st.E, eta_s, st.G)
+            known = st.V[part[from_anchor]].astype(np.float64)
+            gram_rows(part[from_anchor], known, st.seg, pool, st.a, st.E, eta_s, st.G)
             exact[from_anchor] = known
         if not from_anchor.all():
-            rows = part[~from_anchor]
-            exact[~from_anchor] = st.weights_of(rows, eta_s) @ st.X.T
+            exact[~from_anchor] = st.weights_of(part[~from_anchor], eta_s) @ st.X.T
         _maxtree.set_rows(st.V, st.inner, st.off, part, _leaves(exact, st.V.dtype))
         st.nf[part, LEAF_ERR] = 0.0
         st.nf[part, SIGMA] = SIGMA_UNKNOWN  # the fire set is rebuilt
