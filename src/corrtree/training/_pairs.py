@@ -219,7 +219,7 @@ def eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw):
     Both returned bounds cover their rounding.  O(d·|P|).
     """
     ej, uref, val, cref, clast = pool.j, pool.uref, pool.val, pool.cref, pool.clast
-    dc, dl = scratch[0], scratch[1]
+    dl = scratch[1]
     s0 = seg[r, START]
     end = s0 + seg[r, SUPP]
     d = X.shape[1]
@@ -232,7 +232,6 @@ def eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw):
         jp = ej[q]
         c = coef(q, r, pool, a, E, eta_s)
         cq = c - cref[q]
-        dc[q] = cq
         dl[q] = c - clast[q]
         l1_s += abs(dl[q])
         l1_a += abs(cq)

@@ -45,7 +45,7 @@ def reanchor(
             & (st.seg[part, SUPP] * _config.REANCHOR_GEMM_GAIN < 2 * st.X.shape[1])
         )
         if from_anchor.any():
-            known = st.V[part[from_anchor]].astype(np.float64)
+            known = st.V[part[from_anchor]]  # float64 here; indexing copies
             gram_rows(part[from_anchor], known, st.seg, pool, st.a, st.E, eta_s, st.G)
             exact[from_anchor] = known
         if not from_anchor.all():
