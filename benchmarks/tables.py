@@ -291,11 +291,19 @@ def workloads(res: dict) -> str:
                     f"{runs['dense']['iteration_median_s']:.3g}",
                 ]
             )
+    checks = [r.get("final_loss_is_the_weights_loss", {}) for r in res["results"].values()]
     out = [
         _table(head, rows),
         "",
         "\\* extrapolated from the first iterations (dense numpy and PyTorch always; the tree "
         "methods and a fast method past its time budget when marked).",
+        "",
+        "Exactness: every method's first losses equal dense's (1e-9) on every workload: "
+        f"{all(all(r['losses_agree_with_dense'].values()) for r in res['results'].values())}; "
+        "lazy's and kernel's final weights agree: "
+        f"{all(r['final_weights_agree'] for r in res['results'].values())}; the final loss "
+        "of every whole run equals a dense forward pass of its final weights (1e-9): "
+        f"{all(all(c.values()) for c in checks) and all(checks)} ({sum(map(len, checks))} runs).",
         "",
         "Where the time of the fast methods goes (seconds of the whole run; `forward` is the "
         "kernel's nK×nK mat-vec or the lazy outputs, `query` the certificate work, `update` "

@@ -19,10 +19,10 @@ from naive import (
 from corrtree import _config
 from corrtree.training import _pairs
 from corrtree.training._anchors import BandState
-from corrtree.training._pool import CNT, NFIRE, START, SUPP
+from corrtree.training._pool import CNT, KEY, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP
 from corrtree.training._reanchor import reanchor
 from corrtree.training._sparse import keys_to_csr, stepped_rows
-from corrtree.training.kernel import apply_flips
+from corrtree.training.kernel import apply_flips, screen
 
 BAND = 0.4
 
@@ -50,7 +50,8 @@ def _perturb(st, rng, scale=0.05):
 
 def _evaluate(st, r, scratch, eta_s, f_j, f_v, f_on, scatter=0.0):
     """:func:`_pairs.evaluate_neuron` with the exact step (no error given); values from
-    ``G`` (``scatter=0``) or rebuilt from the data (a large ``scatter``)."""
+    ``G`` (``scatter=0``) or rebuilt from the data (a large ``scatter``).  ``R = 0``:
+    no neuron is due for re-anchoring, so every due pair is evaluated."""
     return _pairs.evaluate_neuron(
         r,
         st.seg,
@@ -65,6 +66,7 @@ def _evaluate(st, r, scratch, eta_s, f_j, f_v, f_on, scatter=0.0):
         st.xnorm,
         eta_s,
         st.b,
+        0.0,
         1.0,
         scatter,
         np.empty(st.X.shape[1]),
@@ -210,6 +212,46 @@ def test_evaluate_neuron_flips_exactly_the_crossed_pairs(scatter):
         fire = st.pool.arrays.fire[s0 : s0 + cnt]
         np.testing.assert_array_equal(fire, U[r, j] >= st.b)
     assert total > 0  # the coefficients moved some pairs across b
+
+
+@pytest.mark.parametrize("scatter", [0.0, 1e9])  # last evaluation from G, or from the data
+def test_screen_bounds_the_move_since_the_last_evaluation(scatter):
+    """A popped neuron is screened out only when its exact move since its last
+    evaluation is below its room; its new key keeps the rest of the room."""
+    st, rng = _state(10)
+    eta_s = _perturb(st, rng, scale=0.2)
+    pool = st.pool.arrays
+    scratch = np.empty((2, st.pool.capacity))
+    none = np.empty(0, dtype=np.int64)
+    for r in range(st.m):  # the last evaluation: clast = C, flips applied, σ known
+        _evaluate(st, r, scratch, eta_s, none, np.empty(0), np.empty(0, np.bool_), scatter)
+        st.nf[r, SIGMA] = _pairs.sigma(r, st.seg, pool, st.G)
+    C0 = coefficients(st.seg, pool, st.a, st.E, eta_s, st.m, st.n)
+    st.E += 0.05 * rng.standard_normal(st.E.shape)  # steps since, with constant fire sets
+    dC = coefficients(st.seg, pool, st.a, st.E, eta_s, st.m, st.n) - C0
+    true = np.linalg.norm(dC @ st.X, axis=1)
+    sig = st.nf[:, SIGMA].copy()
+    bound = sig * np.linalg.norm(dC, axis=1)  # σ_r·||dl||: dC is zero off the fire sets
+    assert (true > 0).sum() > st.m // 2 and (bound >= true - 1e-12).all()
+    rows = np.arange(st.m)
+    P, per_p = 3.0, 0.4
+    due = np.empty(st.m, dtype=np.bool_)
+
+    def run(room):
+        screen(rows, st.seg, st.nf, pool, st.a, st.E, eta_s, st.xnorm, room, P, per_p, 1.0, due)
+        return due.copy()
+
+    assert run(0.5 * true).all()  # the move exceeds the room: every neuron is evaluated
+    room = 2.0 * bound + 1e-3
+    out = run(room)
+    assert not out.any()
+    moving = sig > 0
+    move = room[moving] - (st.nf[moving, KEY] - P) * per_p * sig[moving]
+    assert (move >= true[moving] * (1 - 1e-9)).all()
+    np.testing.assert_allclose(move, bound[moving], rtol=1e-8, atol=1e-12)
+    assert np.isinf(st.nf[~moving, KEY]).all()
+    st.nf[0, SIGMA] = SIGMA_UNKNOWN  # σ unknown: evaluated, whatever the room
+    assert run(room)[0] and not due[1:].any()
 
 
 def test_weights_forward_and_firing_csr_against_brute_force():

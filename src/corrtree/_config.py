@@ -95,6 +95,10 @@ BAND = 0.5
 FORWARD_CHUNKS = 64
 #: Neurons are evaluated in this many runs, each with its own scratch vectors.
 EVALUATE_CHUNKS = 256
+#: Rows whose exact products at chosen points are computed together
+#: (:func:`~corrtree.training._anchors.pair_dots`): their weights stay in L2 while
+#: each point's row of X is read once.
+DOT_ROWS = 64
 
 #: The kernel trainer's heap switches from one-by-one to bulk pops and pushes
 #: (an O(size) filter and heapify) when more than ``size // HEAP_BULK_DIV``

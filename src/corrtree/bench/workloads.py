@@ -8,7 +8,10 @@ methods too, when a whole run would exceed the time budget (same reason:
 every neuron moves every iteration).  The lazy and kernel methods run whole,
 up to a wall-clock budget past which the rest is extrapolated from the median
 of their last iterations (flagged).  Every method's first losses must match
-dense's (1e-9), and the fast methods' final weights each other's.
+dense's (1e-9), the fast methods' final weights each other's, and the final
+loss of every method that ran whole must equal the loss of its final weights
+from a dense forward pass, outside the timed run (a state that drifted from its
+weights shows there, however late in the run it went wrong).
 """
 
 from __future__ import annotations
@@ -159,6 +162,8 @@ def one_run(
         else None,
         "peak_rss_gib": peak_rss_bytes() / 2**30,
     }
+    if done == iters and not extrapolate:  # untimed: the loss of the final weights, densely
+        out["final_loss_dense"] = model.loss(X, Y if K > 1 else Y[:, 0])
     if method == "kernel" and done:  # one nK × nK mat-vec, for the W1 target
         H = np.random.default_rng(0).standard_normal((X.shape[0] * K,) * 2)
         v = np.ones(X.shape[0] * K)
@@ -220,6 +225,14 @@ def run(
             for k, r in runs.items()
             if "loss" in r
         }
+        consistent = {
+            k: bool(
+                abs(r["final_loss"] - r["final_loss_dense"])
+                <= 1e-9 * abs(r["final_loss_dense"]) + 1e-12 * ref[0]
+            )
+            for k, r in runs.items()
+            if "final_loss_dense" in r
+        }
         sketches = [np.array(r["sketch"]) for k, r in ok.items() if r.get("sketch")]
         same_w = all(
             np.linalg.norm(s - sketches[0]) <= 1e-9 * np.linalg.norm(sketches[0]) for s in sketches
@@ -241,6 +254,7 @@ def run(
             },
             "losses_agree_with_dense": agree,
             "final_weights_agree": same_w,
+            "final_loss_is_the_weights_loss": consistent,
             "lr_vs_dense_iteration": {
                 k: r["lr_s"] / runs["dense"]["iteration_median_s"] for k, r in ok.items()
             },

@@ -24,9 +24,10 @@ from .. import _config, _maxtree
 from ._pairs import firing_csr, materialize
 from ._pool import BETA, CAP, CNT, LEAF_ERR, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP, Pool
 
-__all__ = ["BandState", "count_candidates", "query_threshold"]
+__all__ = ["BandState", "count_candidates", "float32_error", "pair_dots", "query_threshold"]
 
 _FLOAT32_MARGIN = _config.FLOAT32_QUERY_MARGIN
+_DOT_ROWS = _config.DOT_ROWS
 
 
 @njit(cache=True)
@@ -35,6 +36,15 @@ def query_threshold(tau, err):
     ``err`` (widened by :data:`~corrtree._config.FLOAT32_QUERY_MARGIN`)."""
     t = tau - err
     return t - _FLOAT32_MARGIN * abs(t) - 1e-300
+
+
+def float32_error(W: np.ndarray, R: float) -> np.ndarray:
+    """Bound on the error of each row of a float32 GEMM ``W·Xᵀ`` (``W`` and ``X``
+    rounded to float32 first): ``γ_{d+2}·||w_r||·R`` with a safety factor
+    (:data:`~corrtree._config.GEMM32_SAFETY`), ``R = max_j ||x_j||``."""
+    d = W.shape[1]
+    gamma = (d + 2) * _config.U32 / (1.0 - (d + 2) * _config.U32)
+    return _config.GEMM32_SAFETY * gamma * np.sqrt(np.einsum("ij,ij->i", W, W)) * R
 
 
 @njit(cache=True, parallel=True)
@@ -93,24 +103,57 @@ def fill_new_anchors(V, inner, off, rows, tau, leaf_err, exact, seg, pool, b):
         seg[r, NFIRE] = nfire
 
 
+@njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
+def pair_dots(W, wi, X, xj, out):
+    """``out[p] = <W[wi[p]], X[xj[p]]>`` in float64, the pairs taken point by point
+    (a counting sort on ``xj``), so each row of ``X`` is read once and the few rows
+    of ``W`` stay in cache.  O(p·d + n).  Reassociated (vectorized) sums: float64
+    accuracy like any GEMM's."""
+    n, d = X.shape
+    start = np.zeros(n + 1, dtype=np.int64)
+    for p in range(xj.shape[0]):
+        start[xj[p] + 1] += 1
+    for j in range(n):
+        start[j + 1] += start[j]
+    order = np.empty(xj.shape[0], dtype=np.int64)
+    for p in range(xj.shape[0]):
+        order[start[xj[p]]] = p
+        start[xj[p]] += 1
+    for o in range(order.shape[0]):
+        p = order[o]
+        r = wi[p]
+        j = xj[p]
+        s = 0.0
+        for c in range(d):
+            s += W[r, c] * X[j, c]
+        out[p] = s
+
+
 @njit(cache=True, parallel=True, fastmath={"reassoc", "contract"})
 def exact_entries_from_w(W, X, rows, seg, pool):
-    """Recompute ``uref`` and ``val`` of the entries of ``rows`` as float64 dot products.
-
-    (Reassociated, i.e. vectorized, sums: float64 accuracy like any GEMM's.)
-    """
+    """Recompute ``uref`` and ``val`` of the entries of ``rows`` as float64 dot products,
+    :data:`~corrtree._config.DOT_ROWS` neurons at a time (:func:`pair_dots`)."""
     ej, uref, val = pool.j, pool.uref, pool.val
-    d = X.shape[1]
-    for k in prange(rows.shape[0]):
-        r = rows[k]
-        s0 = seg[r, START]
-        for q in range(s0, s0 + seg[r, CNT]):
-            j = ej[q]
-            s = 0.0
-            for c in range(d):
-                s += W[r, c] * X[j, c]
-            uref[q] = s
-            val[q] = s
+    nr = rows.shape[0]
+    for c in prange((nr + _DOT_ROWS - 1) // _DOT_ROWS):
+        lo, hi = c * _DOT_ROWS, min((c + 1) * _DOT_ROWS, nr)
+        total = 0
+        for k in range(lo, hi):
+            total += seg[rows[k], CNT]
+        wi = np.empty(total, dtype=np.int64)
+        qs = np.empty(total, dtype=np.int64)
+        p = 0
+        for k in range(lo, hi):
+            s0 = seg[rows[k], START]
+            for q in range(s0, s0 + seg[rows[k], CNT]):
+                wi[p] = rows[k]
+                qs[p] = q
+                p += 1
+        out = np.empty(total)
+        pair_dots(W, wi, X, ej[qs], out)
+        for p in range(total):
+            uref[qs[p]] = out[p]
+            val[qs[p]] = out[p]
 
 
 @njit(cache=True, parallel=True)
@@ -186,6 +229,14 @@ class BandState:
         self.xnorm = np.sqrt(np.einsum("ij,ij->i", X, X))
         self.R = float(self.xnorm.max())
         self.off = _maxtree.level_offsets(self.n)
+        self._x32: np.ndarray | None = None
+
+    @property
+    def X32(self) -> np.ndarray:
+        """``X`` in float32, for float32 GEMMs (made once)."""
+        if self._x32 is None:
+            self._x32 = self.X.astype(np.float32)
+        return self._x32
 
     @classmethod
     def from_arrays(cls, W0, X, G, a, b, band, V, seg, nf, pool, used, E) -> BandState:
@@ -208,10 +259,8 @@ class BandState:
         W0, X, m = self.W0, self.X, self.m
         d = X.shape[1]
         if gemm32:
-            X32 = X.astype(np.float32)
-            wnorm = np.sqrt(np.einsum("ij,ij->i", W0, W0))
-            gamma = (d + 2) * _config.U32 / (1.0 - (d + 2) * _config.U32)
-            self.nf[:, LEAF_ERR] = _config.GEMM32_SAFETY * gamma * wnorm * self.R
+            X32 = self.X32
+            self.nf[:, LEAF_ERR] = float32_error(W0, self.R)
             w32 = np.empty((min(self._block(), m), d), dtype=np.float32)
         tau_all = np.full(m, self.b - self.band)
         for s in range(0, m, self._block()):

@@ -328,6 +328,7 @@ def evaluate_neuron(
     xnorm,
     eta_s,
     b,
+    R,
     cert,
     scatter,
     dw,
@@ -338,24 +339,22 @@ def evaluate_neuron(
 ):
     """Evaluate the pairs of neuron ``r`` that may have changed side, and flip them.
 
-    The drift ``D_r = nf[r, DRIFT]`` grows by (``cert`` times) a bound on the
-    distance ``w_r`` moved since its last evaluation: the exact one from
-    :func:`eval_ever` or :func:`eval_ever_data`, or, when ``err`` (the error
-    of the step just taken, the neuron's last evaluation being just before it)
-    is non-empty and the values come from ``G``, the cheaper
-    ``(η/sqrt m)·σ_r·||(a_r·err_l)_{l fires}||``.  For a pair last
-    evaluated at drift ``D`` with value ``v``, ``|U - v| <= (D_r - D)·||x_j||``.
-    A pair outside the ever-fired prefix is evaluated only once ``D_r``
-    reaches its key ``D + |v - b|/||x_j||`` (keys and their minimum
-    ``nf[r, MINKEY]`` are refreshed); the ever-fired pairs, which hold every
-    firing pair, are always evaluated.  Flips are applied to the pool and, if
-    ``f_j`` is non-empty, recorded from ``fpos`` on as ``(j, value, on)``, and
-    ``σ_r`` becomes unknown, to be recomputed (O(|prefix|²)) only where a bound
-    or a key needs it.  Values come from the Gram identity or, when
-    :func:`by_data` says so for the exchange rate ``scatter``, from the data
-    (:func:`eval_ever_data`, with ``dw`` of length ``d`` as
-    scratch).  Returns ``(fpos + #flips, bound on ||w_r - w_r(anchor)||,
-    number of pairs evaluated)``.
+    The drift ``D_r = nf[r, DRIFT]`` grows by (``cert`` times) a bound on the distance
+    ``w_r`` moved since its last evaluation: the exact one from :func:`eval_ever` or
+    :func:`eval_ever_data`, or, when ``err`` (the error of the step just taken, the
+    neuron's last evaluation being just before it) is non-empty and the values come from
+    ``G``, the cheaper ``(η/sqrt m)·σ_r·||(a_r·err_l)_{l fires}||``.  For a pair last
+    evaluated at drift ``D`` with value ``v``, ``|U - v| <= (D_r - D)·||x_j||``. A pair
+    outside the ever-fired prefix is evaluated only once ``D_r`` reaches its key ``D +
+    |v - b|/||x_j||`` (keys and their minimum ``nf[r, MINKEY]`` are refreshed), unless
+    the neuron must be re-anchored (:func:`needs_reanchor`, ``R = max ||x_j||``), which
+    recomputes them all; the ever-fired pairs, which hold every firing pair, are always
+    evaluated. Flips are applied to the pool and, if ``f_j`` is non-empty, recorded from
+    ``fpos`` on as ``(j, value, on)``, and ``σ_r`` becomes unknown, to be recomputed
+    (O(|prefix|²)) only where a bound or a key needs it.  Values come from the Gram
+    identity or, when :func:`by_data` says so for the exchange rate ``scatter``, from
+    the data (:func:`eval_ever_data`, with ``dw`` of length ``d`` as scratch).  Returns
+    ``(fpos + #flips, bound on ||w_r - w_r(anchor)||, number of pairs evaluated)``.
     """
     ej, uref, val, key, fire = pool.j, pool.uref, pool.val, pool.key, pool.fire
     record = f_j.shape[0] > 0
@@ -392,7 +391,8 @@ def evaluate_neuron(
             fpos += 1
             flip(r, q, seg, pool, a, E, eta_s, now)
     evaluated = ns
-    if drift >= nf[r, MINKEY]:  # some other tracked pair may have crossed
+    if drift >= nf[r, MINKEY] and not needs_reanchor(r, nf, since_anchor, R):
+        # some other tracked pair may have crossed (re-anchoring finds those itself)
         best = np.inf
         dc = scratch[0]
         for q in range(s0 + ns, end):  # increasing order: see flip
@@ -441,13 +441,14 @@ def refresh_keys(rows, seg, nf, pool, xnorm, b):
 
 
 @njit(cache=True)
-def neuron_key(r, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, since_anchor):
+def neuron_key(r, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, since_anchor, room):
     """Kernel trainer: the value of ``P`` at which a pair of ``r`` may first change side.
 
-    In drift units the neuron has this much room left: up to the next key of
-    a pair outside its ever-fired prefix (``nf[r, MINKEY] - D_r``), to the
-    nearest ever-fired pair (``|v - b|/||x_j||``, values just computed), and to
-    its band (``(β - ||w_r - w_r(anchor)||·R)/R``).  The drift grows at most
+    In drift units the neuron has this much room left, kept in ``room[r]``:
+    up to the next key of a pair outside its ever-fired prefix
+    (``nf[r, MINKEY] - D_r``), to the nearest ever-fired pair
+    (``|v - b|/||x_j||``, values just computed), and to its band
+    (``(β - ||w_r - w_r(anchor)||·R)/R``).  The drift grows at most
     ``per_p·σ_r`` per unit of ``P``; an unknown ``σ_r`` is recomputed, by
     :func:`trace_sigma` for a neuron whose values come from the data
     (:func:`by_data`), else by :func:`sigma`.
@@ -464,8 +465,10 @@ def neuron_key(r, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, since_anc
             nf[r, SIGMA] = trace_sigma(r, seg, pool, xnorm)
         else:
             nf[r, SIGMA] = sigma(r, seg, pool, G)
+    slack = max(slack, 0.0)
+    room[r] = slack
     rate = per_p * nf[r, SIGMA]
-    return P + max(slack, 0.0) / rate if rate > 0 else np.inf
+    return P + slack / rate if rate > 0 else np.inf
 
 
 @njit(cache=True, parallel=True)

@@ -3,7 +3,9 @@ time, a rebuilt tree and a new band of entries (``docs/design.md``, "Anchors and
 bands").  Cost per neuron: O(n·|prefix|) for the Gram identity from a float64
 anchored row, or O(d·|prefix|) for ``w_r(t)`` and O(nd) in a GEMM for its row,
 whichever is cheaper (:data:`~corrtree._config.REANCHOR_GEMM_GAIN`), plus O(n)
-for its tree.
+for its tree.  float32 anchored rows come from a float32 GEMM, as at set-up:
+the pool's values (ever-fired pairs and the band, widened by the GEMM's error
+bound) are then float64 dot products, O(d) each.
 """
 
 from __future__ import annotations
@@ -13,11 +15,17 @@ from numba import njit, prange, types
 from numba.typed import List
 
 from .. import _config, _maxtree
-from ._anchors import BandState, count_candidates, query_threshold
+from ._anchors import BandState, count_candidates, float32_error, pair_dots, query_threshold
 from ._pairs import coef, dot_row, flip
 from ._pool import CAP, CNT, LEAF_ERR, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP
 
 __all__ = ["reanchor"]
+
+_DOT_ROWS = _config.DOT_ROWS
+
+# float32 GEMMs only for rows whose error bound (about 1e-4·||w_r||·R) stays below
+# this: their products, at most ||w_r||·R, are then far below float32's 3.4e38
+_FLOAT32_SAFE_ERROR = 1e26
 
 
 def reanchor(
@@ -26,9 +34,10 @@ def reanchor(
     """Re-anchor neurons ``rows`` of ``st`` at the current time.
 
     Their rows are recomputed exactly (Gram identity from the float64
-    anchored rows, or from ``W0`` when the rows are float32), written to
-    their trees, and their entries become the ever-fired pairs plus the band
-    around ``b``.  A pair outside the band may have crossed ``b`` once the
+    anchored rows, or a GEMM from ``w_r(t)``: in float32 when the rows are
+    stored in float32, with float64 values where the pool reads them),
+    written to their trees, and their entries become the ever-fired pairs plus
+    the band around ``b``.  A pair outside the band may have crossed ``b`` once the
     certificate expired: such flips are applied and returned as
     ``(r, j, value, on)`` arrays for the caller's bookkeeping.
     """
@@ -38,23 +47,26 @@ def reanchor(
     for s in range(0, rows.shape[0], chunk):
         part = rows[s : s + chunk]
         exact = np.empty((part.shape[0], st.n))
-        # an anchored row is exact if stored in float64 and not from a float32 GEMM
-        from_anchor = (
-            (st.nf[part, LEAF_ERR] == 0.0)
-            & (st.anchor_dtype == np.float64)
-            & (st.seg[part, SUPP] * _config.REANCHOR_GEMM_GAIN < 2 * st.X.shape[1])
-        )
-        if from_anchor.any():
-            known = st.V[part[from_anchor]]  # float64 here; indexing copies
-            gram_rows(part[from_anchor], known, st.seg, pool, st.a, st.E, eta_s, st.G)
-            exact[from_anchor] = known
-        if not from_anchor.all():
-            exact[~from_anchor] = st.weights_of(part[~from_anchor], eta_s) @ st.X.T
-        _maxtree.set_rows(st.V, st.inner, st.off, part, _leaves(exact, st.V.dtype))
-        st.nf[part, LEAF_ERR] = 0.0
+        leaf_err = np.zeros(part.shape[0])
+        single = False
+        if st.anchor_dtype == np.float32:
+            w = st.weights_of(part, eta_s)
+            err32 = float32_error(w, st.R)
+            # |products| <= ||w_r||·R: far from float32's overflow (a diverging run is not)
+            single = bool((err32 < _FLOAT32_SAFE_ERROR).all())
+        if single:  # the float32 GEMM gives the leaves; exact values come below
+            leaves = w.astype(np.float32) @ st.X32.T
+            leaf_err = err32
+        else:
+            _exact_rows(st, part, eta_s, exact)
+            leaves = _leaves(exact, st.V.dtype)
+        _maxtree.set_rows(st.V, st.inner, st.off, part, leaves)
+        st.nf[part, LEAF_ERR] = leaf_err
         st.nf[part, SIGMA] = SIGMA_UNKNOWN  # the fire set is rebuilt
         tau = np.full(part.shape[0], st.b - st.band)
         counts = count_candidates(st.V, st.inner, st.off, part, tau, st.nf[:, LEAF_ERR])
+        if single:
+            exact_where_read(part, w, st.X, exact, st.V, st.inner, st.off, tau, st.nf, st.seg, pool)
         need = counts + ever_not_in_band(part, exact, st.seg, pool, st.b - st.band)
         old = st.seg[part].copy()
         grow = need > old[:, CAP]
@@ -80,6 +92,23 @@ def reanchor(
         for acc, arr in zip(out, flips, strict=True):
             acc.append(arr)
     return tuple(np.concatenate(acc) for acc in out)
+
+
+def _exact_rows(st: BandState, part: np.ndarray, eta_s: float, exact: np.ndarray) -> None:
+    """``exact[k]`` = the float64 row of ``part[k]`` now: the Gram identity from its
+    anchored row where that is exact (float64, not from a float32 GEMM) and
+    cheaper, else a float64 GEMM from ``w_r(t)``."""
+    from_anchor = (
+        (st.nf[part, LEAF_ERR] == 0.0)
+        & (st.anchor_dtype == np.float64)
+        & (st.seg[part, SUPP] * _config.REANCHOR_GEMM_GAIN < 2 * st.X.shape[1])
+    )
+    if from_anchor.any():
+        known = st.V[part[from_anchor]]  # float64 here; indexing copies
+        gram_rows(part[from_anchor], known, st.seg, st.pool.arrays, st.a, st.E, eta_s, st.G)
+        exact[from_anchor] = known
+    if not from_anchor.all():
+        exact[~from_anchor] = st.weights_of(part[~from_anchor], eta_s) @ st.X.T
 
 
 def _leaves(exact: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -108,6 +137,39 @@ def gram_rows(rows, out, seg, pool, a, E, eta_s, G):
                 g = ej[q]
                 for j in range(n):
                     out[k, j] -= c * G[g, j]
+
+
+@njit(cache=True, parallel=True, fastmath={"reassoc", "contract"})
+def exact_where_read(rows, w, X, exact, V, inner, off, tau, nf, seg, pool):
+    """``exact[k, j] = <w_k, x_j>`` in float64 where the pool will read it: at the
+    ever-fired pairs of ``r = rows[k]`` and the leaves its tree reports for
+    ``tau[k]`` (widened by ``nf[r, LEAF_ERR]``); the rest of ``exact`` is never
+    read.  O(d) a value, :data:`~corrtree._config.DOT_ROWS` rows at a time
+    (:func:`~._anchors.pair_dots`)."""
+    ej = pool.j
+    n = X.shape[0]
+    nr = rows.shape[0]
+    for c in prange((nr + _DOT_ROWS - 1) // _DOT_ROWS):
+        lo, hi = c * _DOT_ROWS, min((c + 1) * _DOT_ROWS, nr)
+        found = np.empty(((hi - lo) * n, 1), dtype=np.int64)  # at most n points a row
+        wi = np.empty((hi - lo) * n, dtype=np.int64)
+        p = 0
+        for k in range(lo, hi):
+            r = rows[k]
+            thr = query_threshold(tau[k], nf[r, LEAF_ERR])
+            end = _maxtree.report_row(V[r], inner[r], off, thr, found, p, found.shape[0], r)
+            s0 = seg[r, START]
+            for q in range(s0, s0 + seg[r, SUPP]):
+                if V[r, ej[q]] < thr:  # not reported above
+                    found[end, 0] = ej[q]
+                    end += 1
+            wi[p:end] = k
+            p = end
+        xj = found[:p, 0].copy()
+        out = np.empty(p)
+        pair_dots(w, wi[:p], X, xj, out)
+        for i in range(p):
+            exact[wi[i], xj[i]] = out[i]
 
 
 @njit(cache=True)

@@ -99,6 +99,7 @@ def evaluate_rows(
     again,
     P,
     per_p,
+    room,
 ):
     """Bring neurons ``rows`` to the current time: the step both band trainers share.
 
@@ -108,8 +109,8 @@ def evaluate_rows(
     ``f_*[fbuf[k]:]`` when ``f_j`` is non-empty; ``nflips[k]`` is their
     number and ``nevals[k]`` the number of pairs evaluated.  ``again[k]`` says
     the neuron must be re-anchored (:func:`~._pairs.needs_reanchor`);
-    otherwise, if ``per_p > 0`` (kernel trainer), it gets a new key
-    (:func:`~._pairs.neuron_key`).
+    otherwise, if ``per_p > 0`` (kernel trainer), it gets a new key and
+    ``room[r]`` its room (:func:`~._pairs.neuron_key`).
     """
     ej = pool.j
     record = f_j.shape[0] > 0
@@ -137,6 +138,7 @@ def evaluate_rows(
                 xnorm,
                 eta_s,
                 b,
+                R,
                 cert,
                 scatter,
                 dw,
@@ -149,7 +151,7 @@ def evaluate_rows(
             again[k] = needs_reanchor(r, nf, since_anchor, R)
             if per_p > 0 and not again[k]:
                 nf[r, KEY] = neuron_key(
-                    r, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, since_anchor
+                    r, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, since_anchor, room
                 )
 
 
@@ -409,10 +411,17 @@ class BandTrainer(Trainer):
         self.scratch = np.empty((2, self.store.pool.capacity))
 
     def _evaluate(
-        self, rows: np.ndarray, err: np.ndarray, record: bool, P: float = 0.0, per_p: float = 0.0
+        self,
+        rows: np.ndarray,
+        err: np.ndarray,
+        record: bool,
+        P: float = 0.0,
+        per_p: float = 0.0,
+        room: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, tuple | None]:
         """:func:`evaluate_rows` on ``rows``: returns the flips per neuron, the re-anchor
-        mask and, if ``record``, the flips as ``(r, j, value, on)`` arrays."""
+        mask and, if ``record``, the flips as ``(r, j, value, on)`` arrays.  With
+        ``per_p > 0`` (kernel trainer) the neurons get new keys and ``room``."""
         st = self.store
         if self.scratch.shape[1] < st.pool.capacity:
             self.scratch = np.empty((2, st.pool.capacity))
@@ -451,6 +460,7 @@ class BandTrainer(Trainer):
             again,
             P,
             per_p,
+            np.empty(0) if room is None else room,
         )
         flips = gather_flips(rows, fbuf, nflips, f_j, f_v, f_on) if record else None
         self.evaluated += int(nevals.sum())

@@ -42,13 +42,16 @@ from numba import njit, prange
 from .. import _config
 from ._heap import pop_due, push_all
 from ._ntk import ntk_matrix
-from ._pairs import neuron_key, set_keys
-from ._pool import CNT, KEY, NFIRE, START, SUPP
+from ._pairs import coef, neuron_key, set_keys
+from ._pool import CNT, KEY, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP
 from ._state import Field, Scalar, Schema, fail
 from .band import BAND_FIELDS, BAND_SCALARS, BandTrainer
 from .optim import LinearStep
 
-__all__ = ["KEY", "KernelTrainer", "pop_due", "push_all"]
+__all__ = ["KEY", "KernelTrainer", "pop_due", "push_all", "screen"]
+
+_ROUND_UP = _config.ROUND_UP
+_U64 = _config.U64
 
 
 @njit(cache=True, inline="always")
@@ -134,12 +137,49 @@ def apply_flips(fr, fj, fv, fon, seg, pool, u, H, a, G, b, scale, m):
 
 
 @njit(cache=True, parallel=True)
-def anchor_keys(rows, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p):
-    """Pair keys and neuron keys of freshly anchored neurons (all values current)."""
+def anchor_keys(rows, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, room):
+    """Pair keys, neuron keys and room of freshly anchored neurons (all values current)."""
     for k in prange(rows.shape[0]):
         r = rows[k]
         set_keys(r, seg, nf, pool, xnorm, b)
-        nf[r, KEY] = neuron_key(r, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, 0.0)
+        nf[r, KEY] = neuron_key(r, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, 0.0, room)
+
+
+@njit(cache=True, parallel=True)
+def screen(rows, seg, nf, pool, a, E, eta_s, xnorm, room, P, per_p, cert, due):
+    """Which neurons ``rows``, whose keys have passed, must be evaluated.
+
+    A key bounds every step by the global ``||err||``.  Since its last
+    evaluation the fire set ``S`` of ``r`` is constant, so ``w_r`` moved by
+    exactly ``Σ_l dl_l x_l`` over its ever-fired pairs, ``dl = C - clast``:
+    its own errors, summed with their signs.  The move is at most
+    ``σ_r·||dl_S|| + Σ_{l ∉ S} |dl_l|·||x_l||`` (the second term is rounding:
+    a frozen coefficient does not change), times ``cert`` and the rounding of
+    the norm.  Below the room ``room[r]`` left at that evaluation no pair can
+    have changed side and the band still holds: ``due[k]`` is False and the
+    key becomes ``P + (room - move)/(per_p·σ_r)``.  O(|prefix_r|·K) a neuron.
+    """
+    ej, clast, fire = pool.j, pool.clast, pool.fire
+    for k in prange(rows.shape[0]):
+        r = rows[k]
+        due[k] = True
+        sig = nf[r, SIGMA]
+        if sig == SIGMA_UNKNOWN or not room[r] > 0:
+            continue
+        s0 = seg[r, START]
+        ns = seg[r, SUPP]
+        sq = 0.0
+        off = 0.0
+        for q in range(s0, s0 + ns):
+            dl = coef(q, r, pool, a, E, eta_s) - clast[q]
+            if fire[q]:
+                sq += dl * dl
+            else:
+                off += abs(dl) * xnorm[ej[q]]
+        move = cert * (sig * math.sqrt(sq) + off) * (1.0 + (ns + 4) * _U64) * _ROUND_UP
+        if move < room[r]:
+            due[k] = False
+            nf[r, KEY] = P + (room[r] - move) / (per_p * sig) if sig > 0 else np.inf
 
 
 class KernelTrainer(BandTrainer):
@@ -148,12 +188,13 @@ class KernelTrainer(BandTrainer):
 
     name = "kernel"
     SCHEMA = Schema(
-        2,
+        3,
         (
             *BAND_FIELDS,
             Field("H", ("f8",), ("nK", "nK")),
             Field("heap_keys", ("f8",), ("heap",)),
             Field("heap_ids", ("i8",), ("heap",), index="m"),
+            Field("room", ("f8",), ("m",)),
         ),
         (*BAND_SCALARS, Scalar("P", float, 0.0)),
     )
@@ -168,6 +209,7 @@ class KernelTrainer(BandTrainer):
         super()._prepare(W0, **options)
         self.H = ntk_matrix(*self.store.firing_csr(), self.G, self.a, self.width)
         self.P = 0.0
+        self.room = np.zeros(self.m)  # drift room at the last evaluation (neuron_key)
         self._count()
 
     def _count(self) -> None:
@@ -197,6 +239,7 @@ class KernelTrainer(BandTrainer):
             st.R,
             self.P,
             self.per_p,
+            self.room,
         )
 
     def _start(self) -> None:
@@ -211,7 +254,12 @@ class KernelTrainer(BandTrainer):
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arrays, scalars = super().state()
         size = self.heap_size
-        arrays.update(H=self.H, heap_keys=self.heap_keys[:size], heap_ids=self.heap_ids[:size])
+        arrays.update(
+            H=self.H,
+            heap_keys=self.heap_keys[:size],
+            heap_ids=self.heap_ids[:size],
+            room=self.room,
+        )
         return arrays, {**scalars, "P": self.P}
 
     def _restore(self, W0, arrays, scalars, sizes) -> None:
@@ -221,9 +269,12 @@ class KernelTrainer(BandTrainer):
         parent = (np.arange(1, ids.shape[0]) - 1) // 2
         if (keys[parent] > keys[1:]).any():
             fail("heap_keys", "not a heap")
+        if not (arrays["room"] >= 0).all():
+            fail("room", "must be >= 0")
         super()._restore(W0, arrays, scalars, sizes)
         self.H = arrays["H"]
         self.P = scalars["P"]
+        self.room = arrays["room"]
         self.heap_size = ids.shape[0]
         self.heap_keys = np.empty(self.m)
         self.heap_ids = np.empty(self.m, dtype=np.int64)
@@ -244,9 +295,26 @@ class KernelTrainer(BandTrainer):
             st.E += err
             self.P += float(np.sqrt(np.einsum("ik,ik->", err, err))) * _config.ROUND_UP
         with self.timer("query"):
-            due, self.heap_size = pop_due(self.heap_keys, self.heap_ids, self.heap_size, self.P)
+            popped, self.heap_size = pop_due(self.heap_keys, self.heap_ids, self.heap_size, self.P)
+            mask = np.empty(popped.shape[0], dtype=np.bool_)
+            screen(
+                popped,
+                st.seg,
+                st.nf,
+                st.pool.arrays,
+                self.a,
+                st.E,
+                self.eta_s,
+                st.xnorm,
+                self.room,
+                self.P,
+                self.per_p,
+                self.cert,
+                mask,
+            )
+            due = popped[mask]
             _, again, flips = self._evaluate(
-                due, np.empty((0, self.a.shape[1])), True, self.P, self.per_p
+                due, np.empty((0, self.a.shape[1])), True, self.P, self.per_p, self.room
             )
         with self.timer("update"):
             self.flips = self._apply(flips)
@@ -256,7 +324,7 @@ class KernelTrainer(BandTrainer):
                 self.flips += self._apply(self._reanchor(rows))
                 self._anchor_keys(rows)
                 self.entries += int(st.seg[rows, CNT].sum()) - before
-            self.heap_size = push_all(self.heap_keys, self.heap_ids, self.heap_size, due, st.nf)
+            self.heap_size = push_all(self.heap_keys, self.heap_ids, self.heap_size, popped, st.nf)
         row = self._row(*stats, reanchored=rows.shape[0], evaluated_pairs=self.evaluated)
         self.evaluated = 0
         return row
