@@ -49,16 +49,19 @@ def reanchor(
         exact = np.empty((part.shape[0], st.n))
         leaf_err = np.zeros(part.shape[0])
         single = False
-        if st.anchor_dtype == np.float32:
+        if st.anchor_dtype == np.float32:  # rows from w_r(t), the anchored ones being inexact
             w = st.weights_of(part, eta_s)
             err32 = float32_error(w, st.R)
             # |products| <= ||w_r||·R: far from float32's overflow (a diverging run is not)
             single = bool((err32 < _FLOAT32_SAFE_ERROR).all())
+            if not single:
+                np.matmul(w, st.X.T, out=exact)
+        else:
+            _exact_rows(st, part, eta_s, exact)
         if single:  # the float32 GEMM gives the leaves; exact values come below
             leaves = w.astype(np.float32) @ st.X32.T
             leaf_err = err32
         else:
-            _exact_rows(st, part, eta_s, exact)
             leaves = _leaves(exact, st.V.dtype)
         _maxtree.set_rows(st.V, st.inner, st.off, part, leaves)
         st.nf[part, LEAF_ERR] = leaf_err
@@ -95,13 +98,11 @@ def reanchor(
 
 
 def _exact_rows(st: BandState, part: np.ndarray, eta_s: float, exact: np.ndarray) -> None:
-    """``exact[k]`` = the float64 row of ``part[k]`` now: the Gram identity from its
-    anchored row where that is exact (float64, not from a float32 GEMM) and
-    cheaper, else a float64 GEMM from ``w_r(t)``."""
-    from_anchor = (
-        (st.nf[part, LEAF_ERR] == 0.0)
-        & (st.anchor_dtype == np.float64)
-        & (st.seg[part, SUPP] * _config.REANCHOR_GEMM_GAIN < 2 * st.X.shape[1])
+    """``exact[k]`` = the float64 row of ``part[k]`` now, float64 anchored rows: the
+    Gram identity from its anchored row where that is exact (not from a float32
+    GEMM) and cheaper, else a float64 GEMM from ``w_r(t)``."""
+    from_anchor = (st.nf[part, LEAF_ERR] == 0.0) & (
+        st.seg[part, SUPP] * _config.REANCHOR_GEMM_GAIN < 2 * st.X.shape[1]
     )
     if from_anchor.any():
         known = st.V[part[from_anchor]]  # float64 here; indexing copies
