@@ -17,7 +17,7 @@ from naive import (
 )
 
 from corrtree import _config
-from corrtree.training import _pairs
+from corrtree.training import _pairs, _reanchor
 from corrtree.training._anchors import BandState
 from corrtree.training._pool import CNT, KEY, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP
 from corrtree.training._reanchor import reanchor
@@ -277,15 +277,17 @@ def test_weights_forward_and_firing_csr_against_brute_force():
 
 
 @pytest.mark.parametrize(
-    ("gemm", "anchor", "gain"),
+    ("gemm", "anchor", "gain", "safe"),
     [
-        ("float64", "float64", 0.0),  # every row from its float64 anchor, by the Gram identity
-        ("float64", "float64", 1e9),  # every row that moved: w_r(t)·Xᵀ
-        ("float32", "float32", 0.0),  # float32 anchors: always w_r(t)·Xᵀ
+        ("float64", "float64", 0.0, 1e26),  # every row from its float64 anchor (Gram identity)
+        ("float64", "float64", 1e9, 1e26),  # every row that moved: w_r(t)·Xᵀ
+        ("float32", "float32", 0.0, 1e26),  # float32 anchors: w_r(t)·Xᵀ in float32
+        ("float32", "float32", 0.0, 0.0),  # as if float32 could overflow: in float64
     ],
 )
 @pytest.mark.parametrize("block_bytes", [64 * 2**20, 1])  # one block, or a row per block
-def test_reanchor_recomputes_rows_and_bands(gemm, anchor, gain, block_bytes, monkeypatch):
+def test_reanchor_recomputes_rows_and_bands(gemm, anchor, gain, safe, block_bytes, monkeypatch):
+    monkeypatch.setattr(_reanchor, "_FLOAT32_SAFE_ERROR", safe)
     monkeypatch.setattr(_config, "REANCHOR_GEMM_GAIN", gain)
     monkeypatch.setattr(_config, "REANCHOR_BLOCK_BYTES", block_bytes)
     st, rng = _state(6, gemm=gemm, anchor=anchor)
@@ -302,7 +304,9 @@ def test_reanchor_recomputes_rows_and_bands(gemm, anchor, gain, block_bytes, mon
         assert set(j) == ever[r] | set(np.flatnonzero(U[r] >= st.b - BAND))
         np.testing.assert_allclose(pool.uref[s0 : s0 + cnt], U[r, j], rtol=0, atol=1e-12)
         np.testing.assert_array_equal(pool.fire[s0 : s0 + cnt], U[r, j] >= st.b)
-        np.testing.assert_allclose(st.V[r], U[r], atol=1e-6 if anchor == "float32" else 1e-12)
+        if anchor == "float64":  # kept for the Gram identity; float32 rows are not kept
+            np.testing.assert_allclose(st.V[r], U[r], rtol=0, atol=1e-12)
+    assert (st.V is None) == (anchor == "float32")
     # the implicit weights did not change
     C2 = coefficients(st.seg, st.pool.arrays, st.a, st.E, eta_s, st.m, st.n)
     np.testing.assert_allclose(C2, C, atol=1e-14)
@@ -366,17 +370,3 @@ def test_stepped_rows_is_the_sparse_gradient_step():
     rows = np.flatnonzero(F.any(axis=1)).astype(np.int64)
     got = stepped_rows(W[rows], rows, indptr, idx, X, a, err, 0.3)
     np.testing.assert_allclose(got, sparse_step(W, F, X, a, err, 0.3)[rows], atol=1e-13)
-
-
-def test_float32_leaves_of_a_diverging_row_stay_finite():
-    import warnings
-
-    from corrtree.training._reanchor import _leaves
-
-    exact = np.array([[1e39, -1e300, 0.5, np.inf]])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no overflow in the cast
-        leaves = _leaves(exact, np.dtype(np.float32))
-    big = np.finfo(np.float32).max
-    np.testing.assert_array_equal(leaves, np.array([[big, -big, 0.5, big]], dtype=np.float32))
-    assert _leaves(exact, np.dtype(np.float64)) is exact

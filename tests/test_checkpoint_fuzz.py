@@ -155,3 +155,40 @@ def test_a_valid_checkpoint_still_resumes(checkpoints, method):
     ds, paths = checkpoints
     model, hist = ct.resume(paths[method], ds.X_train, ds.y_train)
     assert len(hist) == 6 and np.isfinite(model.W).all()
+
+
+@pytest.mark.parametrize("method", ["lazy", "kernel"])
+def test_anchored_rows_are_stored_exactly_when_float64(checkpoints, tmp_path, method):
+    """float32 anchored rows are never kept, float64 ones always: a file that says
+    otherwise is refused, and a float64 run resumes to the same weights."""
+    ds, paths = checkpoints
+    manifest, arrays = _read(paths[method])
+    assert manifest["scalars"]["anchor_dtype"] == "float32"
+    assert not any(k.endswith("_V") for k in arrays)
+    bad = tmp_path / "bad.npz"
+    m = ct.TwoLayerReLU.init(d=6, m=600, outputs=2, seed=6).m
+    _write(bad, json.loads(json.dumps(manifest)), {**arrays, "state_V": np.zeros((m, 40))})
+    _refused(bad, ds, "V")
+    wrong = json.loads(json.dumps(manifest))
+    wrong["scalars"]["anchor_dtype"] = "float64"
+    _write(bad, wrong, arrays)
+    _refused(bad, ds, "V")
+
+    path = tmp_path / "f64.npz"
+    whole = ct.TwoLayerReLU.init(d=6, m=600, outputs=2, seed=6)
+    kw = {"method": method, "anchor_dtype": "float64", "gemm_dtype": "float64"}
+    ct.train(whole, ds.X_train, ds.y_train, iters=6, **kw)
+    part = ct.TwoLayerReLU.init(d=6, m=600, outputs=2, seed=6)
+    ct.train(
+        part,
+        ds.X_train,
+        ds.y_train,
+        iters=6,
+        checkpoint=path,
+        checkpoint_every=3,
+        callback=lambda t, h: t < 4,
+        **kw,
+    )
+    assert "state_V" in _read(path)[1]
+    model, _ = ct.resume(path, ds.X_train, ds.y_train)
+    np.testing.assert_allclose(model.W, whole.W, rtol=1e-9, atol=1e-12)

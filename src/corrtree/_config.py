@@ -107,10 +107,17 @@ HEAP_BULK_DIV = 16
 
 # -- learning rate ---------------------------------------------------------------------
 
-#: A scattered read of G costs about as much as this many vectorized flops (a cache
-#: miss of ~10 ns against ~10 flops/ns): the NTK mat-vec reads G or rebuilds the
-#: Gram sums from X, whichever is cheaper by this exchange rate.
+#: A scattered read of G costs about as much as this many vectorized flops while G
+#: stays in the last-level cache (~10 ns against ~10 flops/ns): the NTK mat-vec and
+#: the band trainers' pair values read G or rebuild the Gram sums from X, whichever
+#: is cheaper by this exchange rate (:func:`scatter_cost`).
 SCATTER_COST = 50.0
+#: The same once G is too large for the cache (a miss to memory): measured on the
+#: n = 4096 sphere (G: 128 MiB), the kernel trainer's whole run drops from 100 s
+#: to 76 s against the rate above; on W2 (32 MiB) the two rates are even.
+SCATTER_COST_FAR = 200.0
+#: G up to this size is taken to stay in cache.
+CACHED_GRAM_BYTES = 16 * 2**20
 
 #: Up to this order the NTK matrix is formed and LAPACK gives λ_max; beyond,
 #: Lanczos runs on the sparse mat-vec.
@@ -133,6 +140,12 @@ LR_RETRIES = 4
 def block_rows(row_bytes: float, total: int, budget: int) -> int:
     """Rows per block so that a block of rows of ``row_bytes`` takes at most ``budget``."""
     return int(max(1, min(total, budget // max(1, int(row_bytes)))))
+
+
+def scatter_cost(n: int) -> float:
+    """Flops a scattered read of the ``n × n`` float64 G costs: :data:`SCATTER_COST`
+    while G fits :data:`CACHED_GRAM_BYTES`, else :data:`SCATTER_COST_FAR`."""
+    return SCATTER_COST if 8.0 * n * n <= CACHED_GRAM_BYTES else SCATTER_COST_FAR
 
 
 def ntk_bytes(n: int, outputs: int) -> float:

@@ -1,12 +1,13 @@
-"""State of the band trainers and its preprocessing: anchored rows in max trees,
-the entries chosen from them, and the cumulative error of the implicit weights.
+"""State of the band trainers and its preprocessing: anchored rows, the entries
+chosen from them, and the cumulative error of the implicit weights.
 
 Anchors (``docs/design.md``, "Anchors and bands")
     Each neuron ``r`` has an anchor time ``t_a``: its products at ``t_a`` (the
-    *anchored row*) are the leaves of tree ``r`` of a WTree-like store (m max
-    trees of n leaves, float64, or float32 to save memory).  Its entries are
-    every ``j`` with an anchored product ``>= b - β_r`` (a tree query at that
-    lowered threshold) plus every pair that ever fired.
+    *anchored row*) are computed in GEMM blocks and scanned once, as they are
+    made, for its entries: every ``j`` with an anchored product ``>= b - β_r``
+    plus every pair that ever fired.  Only float64 storage keeps the rows
+    (``V``), for re-anchoring by the Gram identity; float32 rows are scanned
+    and dropped, and re-anchoring recomputes them from ``w_r(t)``.
 
 Certificate
     ``|U[r, j](t) - U[r, j](t')| <= ||w_r(t) - w_r(t')|| · ||x_j||``: a pair
@@ -17,14 +18,23 @@ Certificate
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit, prange
 
-from .. import _config, _maxtree
+from .. import _config
 from ._pairs import firing_csr, materialize
-from ._pool import BETA, CAP, CNT, LEAF_ERR, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP, Pool
+from ._pool import BETA, CNT, LEAF_ERR, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP, Pool
 
-__all__ = ["BandState", "count_candidates", "float32_error", "pair_dots", "query_threshold"]
+__all__ = [
+    "BandState",
+    "count_candidates",
+    "float32_error",
+    "pair_dots",
+    "query_threshold",
+    "report_above",
+]
 
 _FLOAT32_MARGIN = _config.FLOAT32_QUERY_MARGIN
 _DOT_ROWS = _config.DOT_ROWS
@@ -47,48 +57,55 @@ def float32_error(W: np.ndarray, R: float) -> np.ndarray:
     return _config.GEMM32_SAFETY * gamma * np.sqrt(np.einsum("ij,ij->i", W, W)) * R
 
 
+@njit(cache=True, inline="always")
+def report_above(row, thr, out, pos):
+    """Write every ``j`` with ``row[j] >= thr`` to ``out[pos:]``, in increasing order;
+    returns the position after the last.  O(n), streaming (the row was just made)."""
+    for j in range(row.shape[0]):
+        if row[j] >= thr:
+            out[pos] = j
+            pos += 1
+    return pos
+
+
 @njit(cache=True, parallel=True)
-def count_candidates(V, inner, off, rows, tau, leaf_err):
-    """Number of leaves of tree ``rows[k]`` at or above the query threshold."""
-    dummy = np.empty((0, 1), dtype=np.int64)
-    out = np.empty(rows.shape[0], dtype=np.int64)
-    for k in prange(rows.shape[0]):
-        r = rows[k]
-        thr = query_threshold(tau[k], leaf_err[r])
-        out[k] = _maxtree.report_row(V[r], inner[r], off, thr, dummy, 0, 0, r)
+def count_candidates(U, tau, leaf_err):
+    """Number of products of row ``U[k]`` at or above its query threshold
+    (:func:`query_threshold` of ``tau[k]`` and ``leaf_err[k]``).  O(n) a row."""
+    out = np.empty(U.shape[0], dtype=np.int64)
+    for k in prange(U.shape[0]):
+        thr = query_threshold(tau[k], leaf_err[k])
+        c = 0
+        for j in range(U.shape[1]):
+            c += U[k, j] >= thr
+        out[k] = c
     return out
 
 
 @njit(cache=True, parallel=True)
-def fill_new_anchors(V, inner, off, rows, tau, leaf_err, exact, seg, pool, b):
+def fill_new_anchors(U, rows, tau, leaf_err, seg, pool, b):
     """Write the entries of freshly anchored neurons ``rows`` (no ever-fired pairs yet).
 
-    ``exact[k]`` is the anchored row of ``rows[k]``; segments must already be
-    placed with enough capacity.  Firing pairs come first: they form the
-    ever-fired prefix.
+    ``U[k]`` is the anchored row of ``rows[k]``, erring by at most
+    ``leaf_err[k]``; segments must already be placed with enough capacity.
+    Firing pairs come first: they form the ever-fired prefix.
     """
     # numba does not write through a namedtuple's fields inside prange: bind them first
     ej, uref, val, key, kappa, cref, fire, clast, vel = pool
+    n = U.shape[1]
     for k in prange(rows.shape[0]):
         r = rows[k]
-        thr = query_threshold(tau[k], leaf_err[r])
+        thr = query_threshold(tau[k], leaf_err[k])  # below b: tau = b - β
         s0 = seg[r, START]
-        found = np.empty((seg[r, CAP], 1), dtype=np.int64)
-        cnt = _maxtree.report_row(V[r], inner[r], off, thr, found, 0, found.shape[0], r)
-        pos = s0
-        for f in range(cnt):
-            j = found[f, 0]
-            if exact[k, j] >= b:
-                ej[pos] = j
-                pos += 1
+        pos = report_above(U[k], b, ej, s0)
         nfire = pos - s0
-        for f in range(cnt):
-            j = found[f, 0]
-            if exact[k, j] < b:
+        for j in range(n):
+            if thr <= U[k, j] < b:
                 ej[pos] = j
                 pos += 1
+        cnt = pos - s0
         for q in range(s0, pos):
-            v = exact[k, ej[q]]
+            v = U[k, ej[q]]
             uref[q] = v
             val[q] = v
             key[q] = 0.0
@@ -180,7 +197,7 @@ def reorder_after_exact(rows, seg, pool, b):
 
 
 class BandState:
-    """Anchored products (tree store), entries and implicit weights of one run.
+    """Anchored products, entries and implicit weights of one run.
 
     Parameters
     ----------
@@ -194,8 +211,10 @@ class BandState:
     band : float
         Half-width ``β`` of the band of tracked products around ``b`` at an anchor.
     anchor_dtype : {"float64", "float32"}
-        Storage of the anchored rows.  float32 halves the largest array; the
-        rounding is covered by the query threshold.
+        Storage of the anchored rows.  float64 keeps them (``V``, m·n·8 bytes)
+        for re-anchoring by the Gram identity; float32 keeps none: each row
+        is scanned for its entries as its GEMM block is made, and a
+        re-anchored row comes from a new float32 GEMM.
     gemm_dtype : {"float64", "float32"}
         Precision of the initial GEMM.  With float32 every product within the
         float32 error bound ``γ_{d+2}·||w_r||·||x_j||`` of the band is
@@ -204,17 +223,18 @@ class BandState:
     Notes
     -----
     Preprocessing: one GEMM (O(nmd), in blocks of
-    :data:`~corrtree._config.ANCHOR_BLOCK_BYTES`), the trees (O(nm)) and the
-    band queries (O(entries)).  Memory: ``n·m`` anchored products (4 or 8
-    bytes), ~1/15 of that for the tree levels, ~61 bytes per entry.
+    :data:`~corrtree._config.ANCHOR_BLOCK_BYTES`, small enough to stay in
+    cache for the scans), two scans of each block (O(nm)) and, after a float32
+    GEMM, a float64 dot product per entry (O(d·entries)).  Memory: ~61 bytes
+    per entry, plus ``8·n·m`` for float64 anchored rows.
     """
 
     def __init__(self, W0, X, G, a, b, band, anchor_dtype="float64", gemm_dtype="float64"):
         m, n = W0.shape[0], X.shape[0]
         self._bind(W0, X, G, a, b, band)
         self.E = np.zeros((n, self.K))  # cumulative error Σ_{τ<t} err(τ)
-        self.V = np.empty((m, n), dtype=np.dtype(anchor_dtype))
-        self.inner = np.empty((m, int(self.off[-1])), dtype=self.V.dtype)
+        self.anchor_dtype = np.dtype(anchor_dtype)
+        self.V = np.empty((m, n)) if self.anchor_dtype == np.float64 else None
         self.seg = np.zeros((m, 5), dtype=np.int64)
         self.nf = np.zeros((m, 6))
         self.nf[:, BETA] = self.band
@@ -228,8 +248,25 @@ class BandState:
         self.band = float(band)
         self.xnorm = np.sqrt(np.einsum("ij,ij->i", X, X))
         self.R = float(self.xnorm.max())
-        self.off = _maxtree.level_offsets(self.n)
         self._x32: np.ndarray | None = None
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def buffer(self, name: str, shape: tuple[int, ...], dtype: type = np.float64) -> np.ndarray:
+        """Scratch array ``name`` of ``shape``, kept for the next call of that name.
+
+        The big temporaries of the iterations (per-entry coefficient changes, flip
+        records, re-anchored rows) are written at scattered places by parallel
+        kernels.  First touches of fresh memory in that order cost far more than
+        the work (W1's first iteration: 0.5 s against 0.2 s), so a new buffer is
+        zero-filled in order once and reused while it is large enough (it
+        grows by 1/4 beyond the request).
+        """
+        size = math.prod(shape)
+        have = self._buffers.get(name)
+        if have is None or have.shape[0] < size or have.dtype != np.dtype(dtype):
+            have = self._buffers[name] = np.empty(size + size // 4, dtype=dtype)
+            have.fill(0)
+        return have[:size].reshape(shape)
 
     @property
     def X32(self) -> np.ndarray:
@@ -239,73 +276,57 @@ class BandState:
         return self._x32
 
     @classmethod
-    def from_arrays(cls, W0, X, G, a, b, band, V, seg, nf, pool, used, E) -> BandState:
-        """The state of a run in progress (from a checkpoint, already checked): the tree
-        levels are rebuilt from the anchored rows ``V`` (exact: they are maxima)."""
+    def from_arrays(
+        cls, W0, X, G, a, b, band, anchor_dtype, V, seg, nf, pool, used, E
+    ) -> BandState:
+        """The state of a run in progress (from a checkpoint, already checked); ``V``
+        is ``None`` unless ``anchor_dtype`` is float64."""
         st = cls.__new__(cls)
         st._bind(W0, X, G, a, b, band)
+        st.anchor_dtype = np.dtype(anchor_dtype)
         st.V, st.seg, st.nf, st.E = V, seg, nf, E
-        st.inner = np.empty((st.m, int(st.off[-1])), dtype=V.dtype)
-        _maxtree.build(st.V, st.inner, st.off)
         st.pool = Pool.from_arrays(pool, used)
         return st
-
-    @property
-    def anchor_dtype(self) -> np.dtype:
-        return self.V.dtype
 
     def _anchor_all(self, gemm32: bool) -> None:
         """Anchor every neuron at ``t = 0``, one GEMM block at a time."""
         W0, X, m = self.W0, self.X, self.m
         d = X.shape[1]
+        dtype = np.float32 if gemm32 else np.float64
+        block = _config.block_rows(dtype().itemsize * self.n, m, _config.ANCHOR_BLOCK_BYTES)
         if gemm32:
             X32 = self.X32
             self.nf[:, LEAF_ERR] = float32_error(W0, self.R)
-            w32 = np.empty((min(self._block(), m), d), dtype=np.float32)
-        tau_all = np.full(m, self.b - self.band)
-        for s in range(0, m, self._block()):
-            e = min(s + self._block(), m)
+            w32 = np.empty((min(block, m), d), dtype=np.float32)
+        keep = self.V is not None and not gemm32  # the float64 GEMM writes V in place
+        buf = None if keep else np.empty((min(block, m), self.n), dtype=dtype)
+        tau = np.full(min(block, m), self.b - self.band)
+        for s in range(0, m, block):
+            e = min(s + block, m)
             rows = np.arange(s, e, dtype=np.int64)
             if gemm32:
                 np.copyto(w32[: e - s], W0[s:e], casting="same_kind")
                 A, B = w32[: e - s], X32
             else:
                 A, B = W0[s:e], X
-            if A.dtype == self.anchor_dtype:  # the GEMM writes the rows in place
-                U = np.matmul(A, B.T, out=self.V[s:e])
-            else:
-                U = A @ B.T
+            U = np.matmul(A, B.T, out=self.V[s:e] if keep else buf[: e - s])
+            if self.V is not None and not keep:
                 self.V[s:e] = U
-            _maxtree.build(self.V[s:e], self.inner[s:e], self.off)
-            counts = count_candidates(
-                self.V, self.inner, self.off, rows, tau_all[rows], self.nf[:, LEAF_ERR]
-            )
+            leaf_err = self.nf[s:e, LEAF_ERR]
+            counts = count_candidates(U, tau, leaf_err)
             if s == 0:  # size the pool from the first block, with a margin
                 per = (counts.sum() + _config.SEGMENT_SLACK_ADD * rows.shape[0]) / rows.shape[0]
                 self.pool.reserve(int(_config.POOL_FIRST_BLOCK_MARGIN * per * m))
             self.pool.place(self.seg, rows, counts)
-            fill_new_anchors(
-                self.V,
-                self.inner,
-                self.off,
-                rows,
-                tau_all[rows],
-                self.nf[:, LEAF_ERR],
-                U,
-                self.seg,
-                self.pool.arrays,
-                self.b,
-            )
+            fill_new_anchors(U, rows, tau, leaf_err, self.seg, self.pool.arrays, self.b)
             if gemm32:  # the float32 values only chose the entries: recompute them
                 exact_entries_from_w(W0, X, rows, self.seg, self.pool.arrays)
                 reorder_after_exact(rows, self.seg, self.pool.arrays, self.b)
 
-    def _block(self) -> int:
-        return _config.block_rows(8 * self.n, self.m, _config.ANCHOR_BLOCK_BYTES)
-
     @property
     def nbytes(self) -> int:
-        return self.V.nbytes + self.inner.nbytes + self.pool.nbytes + self.seg.nbytes
+        rows = 0 if self.V is None else self.V.nbytes
+        return rows + self.pool.nbytes + self.seg.nbytes
 
     def entries(self) -> int:
         """Number of tracked pairs."""

@@ -156,7 +156,7 @@ def ntk_matvec(
     Two ways, whichever costs less: the Gram sums read from ``G``
     (O(Σ_r k̃_r²) scattered reads), or, with ``X`` given, rebuilt from the data
     (O(d·Σ_r k̃_r) contiguous, vectorized flops; a scattered read costs about
-    :data:`~corrtree._config.SCATTER_COST` flops).  The second way computes in
+    :func:`~corrtree._config.scatter_cost` flops).  The second way computes in
     float32, twice the throughput of float64: its relative error, about
     ``d·2⁻²⁴``, is far below the 1e-4 tolerance of :func:`top_eigenvalue`, and it
     is deterministic, so every method gets the same ``lr``.
@@ -164,7 +164,7 @@ def ntk_matvec(
     n, K = G.shape[0], a.shape[1]
     m = float(a.shape[0] if width is None else width)
     k = np.diff(indptr_r)
-    if X is not None and _config.SCATTER_COST * float(np.dot(k, k)) > 2.0 * X.shape[1] * k.sum():
+    if X is not None and _config.scatter_cost(n) * float(np.dot(k, k)) > 2.0 * X.shape[1] * k.sum():
         X32, a32 = X.astype(np.float32), a.astype(np.float32)
         bounds = _work_bounds(indptr_r, _config.NTK_MATVEC_CHUNKS)
 

@@ -277,7 +277,7 @@ def by_data(d, ns, scatter):
     """Whether the values of a prefix of ``ns`` pairs are cheaper rebuilt from the
     data (``2·d·ns`` flops: the move, then one dot product a pair) than read from
     ``G`` (``ns²/2`` scattered reads of ``scatter`` flops each,
-    :data:`~corrtree._config.SCATTER_COST`)."""
+    :func:`~corrtree._config.scatter_cost`)."""
     return 2 * d < scatter * (ns + 1) / 2
 
 

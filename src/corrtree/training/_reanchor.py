@@ -1,11 +1,11 @@
 """Re-anchoring: a neuron whose certificate expired gets an exact row at the current
-time, a rebuilt tree and a new band of entries (``docs/design.md``, "Anchors and
+time, scanned for a new band of entries (``docs/design.md``, "Anchors and
 bands").  Cost per neuron: O(n·|prefix|) for the Gram identity from a float64
 anchored row, or O(d·|prefix|) for ``w_r(t)`` and O(nd) in a GEMM for its row,
 whichever is cheaper (:data:`~corrtree._config.REANCHOR_GEMM_GAIN`), plus O(n)
-for its tree.  float32 anchored rows come from a float32 GEMM, as at set-up:
-the pool's values (ever-fired pairs and the band, widened by the GEMM's error
-bound) are then float64 dot products, O(d) each.
+for the scans.  Without float64 anchored rows the row comes from a float32
+GEMM, as at set-up: the pool's values (ever-fired pairs and the band, widened
+by the GEMM's error bound) are then float64 dot products, O(d) each.
 """
 
 from __future__ import annotations
@@ -14,8 +14,15 @@ import numpy as np
 from numba import njit, prange, types
 from numba.typed import List
 
-from .. import _config, _maxtree
-from ._anchors import BandState, count_candidates, float32_error, pair_dots, query_threshold
+from .. import _config
+from ._anchors import (
+    BandState,
+    count_candidates,
+    float32_error,
+    pair_dots,
+    query_threshold,
+    report_above,
+)
 from ._pairs import coef, dot_row, flip
 from ._pool import CAP, CNT, LEAF_ERR, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP
 
@@ -34,10 +41,10 @@ def reanchor(
     """Re-anchor neurons ``rows`` of ``st`` at the current time.
 
     Their rows are recomputed exactly (Gram identity from the float64
-    anchored rows, or a GEMM from ``w_r(t)``: in float32 when the rows are
-    stored in float32, with float64 values where the pool reads them),
-    written to their trees, and their entries become the ever-fired pairs plus
-    the band around ``b``.  A pair outside the band may have crossed ``b`` once the
+    anchored rows, or a GEMM from ``w_r(t)``: in float32 when no rows are
+    stored, with float64 values where the pool reads them), stored if
+    anchored rows are kept, and their entries become the ever-fired pairs
+    plus the band around ``b``.  A pair outside the band may have crossed ``b`` once the
     certificate expired: such flips are applied and returned as
     ``(r, j, value, on)`` arrays for the caller's bookkeeping.
     """
@@ -46,30 +53,28 @@ def reanchor(
     pool = st.pool.arrays
     for s in range(0, rows.shape[0], chunk):
         part = rows[s : s + chunk]
-        exact = np.empty((part.shape[0], st.n))
+        exact = st.buffer("exact_rows", (part.shape[0], st.n))
         leaf_err = np.zeros(part.shape[0])
-        single = False
-        if st.anchor_dtype == np.float32:  # rows from w_r(t), the anchored ones being inexact
+        leaves = exact  # the rows the entries are chosen from
+        if st.V is None:  # rows from w_r(t), none being stored
             w = st.weights_of(part, eta_s)
             err32 = float32_error(w, st.R)
             # |products| <= ||w_r||·R: far from float32's overflow (a diverging run is not)
-            single = bool((err32 < _FLOAT32_SAFE_ERROR).all())
-            if not single:
+            if (err32 < _FLOAT32_SAFE_ERROR).all():  # exact values come below
+                leaves = st.buffer("leaves", (part.shape[0], st.n), np.float32)
+                np.matmul(w.astype(np.float32), st.X32.T, out=leaves)
+                leaf_err = err32
+            else:
                 np.matmul(w, st.X.T, out=exact)
         else:
             _exact_rows(st, part, eta_s, exact)
-        if single:  # the float32 GEMM gives the leaves; exact values come below
-            leaves = w.astype(np.float32) @ st.X32.T
-            leaf_err = err32
-        else:
-            leaves = _leaves(exact, st.V.dtype)
-        _maxtree.set_rows(st.V, st.inner, st.off, part, leaves)
+            st.V[part] = exact
         st.nf[part, LEAF_ERR] = leaf_err
         st.nf[part, SIGMA] = SIGMA_UNKNOWN  # the fire set is rebuilt
         tau = np.full(part.shape[0], st.b - st.band)
-        counts = count_candidates(st.V, st.inner, st.off, part, tau, st.nf[:, LEAF_ERR])
-        if single:
-            exact_where_read(part, w, st.X, exact, st.V, st.inner, st.off, tau, st.nf, st.seg, pool)
+        counts = count_candidates(leaves, tau, leaf_err)
+        if leaves is not exact:
+            exact_where_read(part, w, st.X, exact, leaves, tau, leaf_err, st.seg, pool)
         need = counts + ever_not_in_band(part, exact, st.seg, pool, st.b - st.band)
         old = st.seg[part].copy()
         grow = need > old[:, CAP]
@@ -80,11 +85,9 @@ def reanchor(
             part,
             old,
             exact,
+            leaves,
             tau,
-            st.V,
-            st.inner,
-            st.off,
-            st.nf[:, LEAF_ERR],
+            leaf_err,
             st.seg,
             pool,
             st.a,
@@ -112,16 +115,6 @@ def _exact_rows(st: BandState, part: np.ndarray, eta_s: float, exact: np.ndarray
         exact[~from_anchor] = st.weights_of(part[~from_anchor], eta_s) @ st.X.T
 
 
-def _leaves(exact: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Exact rows as tree leaves.  float32 leaves are clipped to its finite range: the
-    trees only compare leaves with thresholds near ``b``, and the exact values stay
-    in the pool (products beyond 3.4e38 come from a run that is diverging)."""
-    if dtype == np.float32:
-        big = float(np.finfo(np.float32).max)
-        return np.clip(exact, -big, big).astype(np.float32)
-    return exact
-
-
 @njit(cache=True, parallel=True)
 def gram_rows(rows, out, seg, pool, a, E, eta_s, G):
     """Exact current rows by the Gram identity, in place: ``out[k]`` holds the
@@ -141,32 +134,32 @@ def gram_rows(rows, out, seg, pool, a, E, eta_s, G):
 
 
 @njit(cache=True, parallel=True, fastmath={"reassoc", "contract"})
-def exact_where_read(rows, w, X, exact, V, inner, off, tau, nf, seg, pool):
+def exact_where_read(rows, w, X, exact, leaves, tau, leaf_err, seg, pool):
     """``exact[k, j] = <w_k, x_j>`` in float64 where the pool will read it: at the
-    ever-fired pairs of ``r = rows[k]`` and the leaves its tree reports for
-    ``tau[k]`` (widened by ``nf[r, LEAF_ERR]``); the rest of ``exact`` is never
-    read.  O(d) a value, :data:`~corrtree._config.DOT_ROWS` rows at a time
+    ever-fired pairs of ``r = rows[k]`` and where ``leaves[k]`` reaches ``tau[k]``
+    (widened by ``leaf_err[k]``); the rest of ``exact`` is never read.  O(d) a
+    value, :data:`~corrtree._config.DOT_ROWS` rows at a time
     (:func:`~._anchors.pair_dots`)."""
     ej = pool.j
     n = X.shape[0]
     nr = rows.shape[0]
     for c in prange((nr + _DOT_ROWS - 1) // _DOT_ROWS):
         lo, hi = c * _DOT_ROWS, min((c + 1) * _DOT_ROWS, nr)
-        found = np.empty(((hi - lo) * n, 1), dtype=np.int64)  # at most n points a row
+        xj = np.empty((hi - lo) * n, dtype=np.int64)  # at most n points a row
         wi = np.empty((hi - lo) * n, dtype=np.int64)
         p = 0
         for k in range(lo, hi):
             r = rows[k]
-            thr = query_threshold(tau[k], nf[r, LEAF_ERR])
-            end = _maxtree.report_row(V[r], inner[r], off, thr, found, p, found.shape[0], r)
+            thr = query_threshold(tau[k], leaf_err[k])
+            end = report_above(leaves[k], thr, xj, p)
             s0 = seg[r, START]
             for q in range(s0, s0 + seg[r, SUPP]):
-                if V[r, ej[q]] < thr:  # not reported above
-                    found[end, 0] = ej[q]
+                if leaves[k, ej[q]] < thr:  # not reported above
+                    xj[end] = ej[q]
                     end += 1
             wi[p:end] = k
             p = end
-        xj = found[:p, 0].copy()
+        xj = xj[:p]
         out = np.empty(p)
         pair_dots(w, wi[:p], X, xj, out)
         for i in range(p):
@@ -202,13 +195,14 @@ def _set_entry(pool, pos, j, value, kappa, c, on, vel):
 
 
 @njit(cache=True)
-def rebuild_entries(rows, old, exact, tau, V, inner, off, leaf_err, seg, pool, a, E, eta_s, b):
+def rebuild_entries(rows, old, exact, leaves, tau, leaf_err, seg, pool, a, E, eta_s, b):
     """Re-create the entries of re-anchored neurons from their exact rows.
 
     The ever-fired pairs stay (with ``cref`` set to their current
-    coefficient); the other entries are the tree query at the lowered
-    threshold.  A pair whose exact value disagrees with its firing flag is
-    flipped here.  Returns the flips as ``(r, j, value, on)`` arrays.
+    coefficient); the other entries are the points where ``leaves[k]``
+    (``exact[k]`` up to ``leaf_err[k]``) reaches the lowered threshold.
+    A pair whose exact value disagrees with its firing flag is flipped here.
+    Returns the flips as ``(r, j, value, on)`` arrays.
     """
     n = exact.shape[1]
     out_r = List.empty_list(types.int64)
@@ -216,7 +210,7 @@ def rebuild_entries(rows, old, exact, tau, V, inner, off, leaf_err, seg, pool, a
     out_v = List.empty_list(types.float64)
     out_on = List.empty_list(types.boolean)
     mark = np.full(n, -1, dtype=np.int64)
-    found = np.empty((n, 1), dtype=np.int64)
+    found = np.empty(n, dtype=np.int64)
     for k in range(rows.shape[0]):
         r = rows[k]
         o_start, ns = old[k, START], old[k, SUPP]
@@ -237,10 +231,10 @@ def rebuild_entries(rows, old, exact, tau, V, inner, off, leaf_err, seg, pool, a
             nfire += keep_fire[p]
             mark[j] = r
             pos += 1
-        thr = query_threshold(tau[k], leaf_err[r])
-        cnt = _maxtree.report_row(V[r], inner[r], off, thr, found, 0, n, r)
+        thr = query_threshold(tau[k], leaf_err[k])
+        cnt = report_above(leaves[k], thr, found, 0)
         for f in range(cnt):
-            j = found[f, 0]
+            j = found[f]
             if mark[j] == r:
                 continue
             _set_entry(pool, pos, j, exact[k, j], 0.0, 0.0, False, 0.0)

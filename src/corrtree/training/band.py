@@ -211,7 +211,7 @@ def linear_coefficients(seg, pool, a, err, scale, step, rho, moved):
 
 
 BAND_FIELDS = (
-    Field("V", ("f4", "f8"), ("m", "n")),
+    Field("V", ("f8",), ("m", "n"), optional=True),  # float64 anchored rows only
     Field("seg", ("i8",), ("m", 5)),
     Field("nf", ("f8",), ("m", 6), finite=False),
     *(
@@ -245,12 +245,10 @@ def check_band(arrays: dict[str, np.ndarray], scalars: dict[str, Any], n: int) -
     for name in ("cert", "band", "alpha"):
         if not scalars[name] > 0:
             fail(name, f"must be > 0, got {scalars[name]!r}")
-    if scalars["anchor_dtype"] != arrays["V"].dtype.name:
-        fail(
-            "V",
-            f"anchored rows are {arrays['V'].dtype.name}, the state says "
-            f"{scalars['anchor_dtype']!r}",
-        )
+    if scalars["anchor_dtype"] not in ("float32", "float64"):
+        fail("anchor_dtype", f"must be 'float32' or 'float64', got {scalars['anchor_dtype']!r}")
+    if ("V" in arrays) != (scalars["anchor_dtype"] == "float64"):
+        fail("V", "float64 anchored rows are stored, float32 ones are not")
     seg = arrays["seg"]
     start, cnt, cap, supp, nfire = seg.T
     if (
@@ -346,7 +344,6 @@ class BandTrainer(Trainer):
         self.alpha = 1.0  # factor of W(0) in W(t) (weight decay, optim.py)
         self.u = forward(st.firing_neurons(), st.seg, st.pool.arrays, self.a, self.b, self.scale, n)
         self.flips = 0
-        self.scratch = np.empty((2, st.pool.capacity))  # per-entry coefficient changes
         self.cert = float(_certificate_scale)
         self.evaluated = 0  # pairs computed exactly since the last History row
         self.info.update(band=band, anchor_dtype=str(np.dtype(anchor_dtype)), gemm_dtype=gemm_dtype)
@@ -367,7 +364,7 @@ class BandTrainer(Trainer):
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         st = self.store
         arrays = {
-            "V": st.V,
+            **({} if st.V is None else {"V": st.V}),
             "seg": st.seg,
             "nf": st.nf,
             "E": st.E,
@@ -395,7 +392,8 @@ class BandTrainer(Trainer):
             self.a,
             self.b,
             scalars["band"],
-            arrays["V"],
+            scalars["anchor_dtype"],
+            arrays.get("V"),
             arrays["seg"],
             arrays["nf"],
             pool,
@@ -408,7 +406,6 @@ class BandTrainer(Trainer):
         self.flips = scalars["flips"]
         self.cert = scalars["cert"]
         self.evaluated = 0
-        self.scratch = np.empty((2, self.store.pool.capacity))
 
     def _evaluate(
         self,
@@ -423,14 +420,12 @@ class BandTrainer(Trainer):
         mask and, if ``record``, the flips as ``(r, j, value, on)`` arrays.  With
         ``per_p > 0`` (kernel trainer) the neurons get new keys and ``room``."""
         st = self.store
-        if self.scratch.shape[1] < st.pool.capacity:
-            self.scratch = np.empty((2, st.pool.capacity))
         fbuf = np.zeros(rows.shape[0] + 1, dtype=np.int64)
         if record:
             np.cumsum(st.seg[rows, CNT], out=fbuf[1:])  # room for every entry to flip
-        f_j = np.empty(fbuf[-1], dtype=np.int64)
-        f_v = np.empty(fbuf[-1])
-        f_on = np.empty(fbuf[-1], dtype=np.bool_)
+        f_j = st.buffer("flip_j", (fbuf[-1],), np.int64)
+        f_v = st.buffer("flip_value", (fbuf[-1],))
+        f_on = st.buffer("flip_on", (fbuf[-1],), np.bool_)
         nflips = np.zeros(rows.shape[0], dtype=np.int64)
         nevals = np.zeros(rows.shape[0], dtype=np.int64)
         again = np.zeros(rows.shape[0], dtype=np.bool_)
@@ -439,7 +434,7 @@ class BandTrainer(Trainer):
             st.seg,
             st.nf,
             st.pool.arrays,
-            self.scratch,
+            st.buffer("pair_scratch", (2, st.pool.capacity)),  # coefficient changes
             self.a,
             st.E,
             err,
@@ -450,7 +445,7 @@ class BandTrainer(Trainer):
             self.b,
             st.R,
             self.cert,
-            _config.SCATTER_COST,
+            _config.scatter_cost(st.n),
             fbuf,
             f_j,
             f_v,

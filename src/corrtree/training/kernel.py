@@ -188,7 +188,7 @@ class KernelTrainer(BandTrainer):
 
     name = "kernel"
     SCHEMA = Schema(
-        3,
+        4,
         (
             *BAND_FIELDS,
             Field("H", ("f8",), ("nK", "nK")),
@@ -234,7 +234,7 @@ class KernelTrainer(BandTrainer):
             self.G,
             st.xnorm,
             self.X.shape[1],
-            _config.SCATTER_COST,
+            _config.scatter_cost(st.n),
             st.b,
             st.R,
             self.P,

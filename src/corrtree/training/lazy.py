@@ -42,7 +42,7 @@ class LazyTrainer(BandTrainer):
     options: :class:`~.band.BandTrainer`)."""
 
     name = "lazy"
-    SCHEMA = Schema(2, BAND_FIELDS, BAND_SCALARS)
+    SCHEMA = Schema(3, BAND_FIELDS, BAND_SCALARS)
 
     def _prepare(self, W0: np.ndarray, **options: Any) -> None:
         super()._prepare(W0, **options)
