@@ -38,7 +38,7 @@ GEMM32_SAFETY = 2.0
 #: Products computed at once while preprocessing the band trainers.
 ANCHOR_BLOCK_BYTES = 128 * 2**20
 #: Exact rows recomputed at once when neurons are re-anchored.
-REANCHOR_BLOCK_BYTES = 64 * 2**20
+REANCHOR_BLOCK_BYTES = 16 * 2**20
 #: A float64 GEMM does about this many flops in the time a kernel streams one
 #: element of a row of G: a re-anchored row is ``W(t)[r]·Xᵀ`` (2dn/this, after
 #: O(d·|prefix|) to form ``w_r(t)``) unless its float64 anchored row plus the Gram

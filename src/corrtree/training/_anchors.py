@@ -254,12 +254,12 @@ class BandState:
     def buffer(self, name: str, shape: tuple[int, ...], dtype: type = np.float64) -> np.ndarray:
         """Scratch array ``name`` of ``shape``, kept for the next call of that name.
 
-        The big temporaries of the iterations (per-entry coefficient changes, flip
-        records, re-anchored rows) are written at scattered places by parallel
-        kernels.  First touches of fresh memory in that order cost far more than
-        the work (W1's first iteration: 0.5 s against 0.2 s), so a new buffer is
-        zero-filled in order once and reused while it is large enough (it
-        grows by 1/4 beyond the request).
+        The big temporaries of the iterations (flip records, re-anchored rows)
+        are written at scattered places by parallel kernels.  First touches of
+        fresh memory in that order cost far more than the work (W1's first
+        iteration: 0.5 s against 0.2 s), so a new buffer is zero-filled in order
+        once and reused while it is large enough (it grows by 1/4 beyond the
+        request).
         """
         size = math.prod(shape)
         have = self._buffers.get(name)
@@ -349,8 +349,12 @@ class BandState:
         """``W(t)[start:stop] = W0[start:stop] - C X`` as a new array.  O(d·Σ_r |prefix_r|)."""
         return self.weights_of(np.arange(start, stop, dtype=np.int64), eta_s)
 
-    def weights_of(self, rows: np.ndarray, eta_s: float) -> np.ndarray:
-        """``W(t)[rows]`` as a new array.  O(d·Σ_{r ∈ rows} |prefix_r|)."""
-        out = self.W0[rows]
+    def weights_of(
+        self, rows: np.ndarray, eta_s: float, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """``W(t)[rows]``, in ``out`` if given (else a new array).
+        O(d·Σ_{r ∈ rows} |prefix_r|)."""
+        # rows are in range: mode='clip' only spares the copy np.take buffers through
+        out = np.take(self.W0, rows, axis=0, out=out, mode="clip")
         materialize(out, rows, self.X, self.seg, self.pool.arrays, self.a, self.E, eta_s)
         return out

@@ -75,18 +75,18 @@ def coef(q, r, pool, a, E, eta_s):
 
 @njit(cache=True, inline="always")
 def gram_sum(G, j, ej, dc, s0, ns):
-    """``Σ_{p<ns} dc[s0+p] · G[j, ej[s0+p]]`` with four accumulators (fixed order)."""
+    """``Σ_{p<ns} dc[p] · G[j, ej[s0+p]]`` with four accumulators (fixed order)."""
     a0 = a1 = a2 = a3 = 0.0
     p = 0
     while p + 4 <= ns:
         q = s0 + p
-        a0 += dc[q] * G[j, ej[q]]
-        a1 += dc[q + 1] * G[j, ej[q + 1]]
-        a2 += dc[q + 2] * G[j, ej[q + 2]]
-        a3 += dc[q + 3] * G[j, ej[q + 3]]
+        a0 += dc[p] * G[j, ej[q]]
+        a1 += dc[p + 1] * G[j, ej[q + 1]]
+        a2 += dc[p + 2] * G[j, ej[q + 2]]
+        a3 += dc[p + 3] * G[j, ej[q + 3]]
         p += 4
     while p < ns:
-        a0 += dc[s0 + p] * G[j, ej[s0 + p]]
+        a0 += dc[p] * G[j, ej[s0 + p]]
         p += 1
     return (a0 + a1) + (a2 + a3)
 
@@ -155,7 +155,7 @@ def eval_ever(r, seg, pool, scratch, a, E, G, eta_s, want_step):
     """Exact current values of the ever-fired pairs ``P`` of neuron ``r``.
 
     With ``C`` their coefficients now, ``dc = C - cref`` (since the anchor,
-    kept in ``scratch[0]``): ``val[P] = uref[P] - G[P, P] dc``, reading each
+    kept in ``scratch[0, :|P|]``, prefix order): ``val[P] = uref[P] - G[P, P] dc``, reading each
     ``G[p, q]`` once (``|P|(|P|+1)/2`` reads).  Returns bounds on
     ``||w_r(t) - w_r(anchor)||`` and, if ``want_step``, on
     ``||w_r(t) - w_r(last evaluation)||`` (from ``dl = C - clast``; ``clast``
@@ -169,38 +169,38 @@ def eval_ever(r, seg, pool, scratch, a, E, G, eta_s, want_step):
     l1_s = 0.0
     for q in range(s0, end):
         c = coef(q, r, pool, a, E, eta_s)
-        dc[q] = c - cref[q]
+        dc[q - s0] = c - cref[q]
         val[q] = uref[q]
-        l1_a += abs(dc[q])
+        l1_a += abs(dc[q - s0])
         if want_step:
-            dl[q] = c - clast[q]
-            l1_s += abs(dl[q])
+            dl[q - s0] = c - clast[q]
+            l1_s += abs(dl[q - s0])
         clast[q] = c  # values and clast always describe the last evaluation
     sq_s = 0.0
     gmax = 0.0
     for q in range(s0, end):
         jp = ej[q]
-        dp = dc[q]
+        dp = dc[q - s0]
         g = G[jp, jp]
         gmax = max(gmax, g)
         ap = g * dp
         if want_step:
-            lp = dl[q]
+            lp = dl[q - s0]
             sq_s += g * lp * lp
             for q2 in range(q + 1, end):
                 g = G[jp, ej[q2]]
-                ap += g * dc[q2]
+                ap += g * dc[q2 - s0]
                 val[q2] -= g * dp
-                sq_s += 2.0 * g * lp * dl[q2]
+                sq_s += 2.0 * g * lp * dl[q2 - s0]
         else:
             for q2 in range(q + 1, end):
                 g = G[jp, ej[q2]]
-                ap += g * dc[q2]
+                ap += g * dc[q2 - s0]
                 val[q2] -= g * dp
         val[q] -= ap
     sq_a = 0.0  # dcᵀ G dc = Σ_p dc_p (uref_p - val_p)
     for q in range(s0, end):
-        sq_a += dc[q] * (uref[q] - val[q])
+        sq_a += dc[q - s0] * (uref[q] - val[q])
     step = safe_norm(sq_s, l1_s, gmax) if want_step else 0.0
     return safe_norm(sq_a, l1_a, gmax), step
 
@@ -232,8 +232,8 @@ def eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw):
         jp = ej[q]
         c = coef(q, r, pool, a, E, eta_s)
         cq = c - cref[q]
-        dl[q] = c - clast[q]
-        l1_s += abs(dl[q])
+        dl[q - s0] = c - clast[q]
+        l1_s += abs(dl[q - s0])
         l1_a += abs(cq)
         l1_o += abs(clast[q] - cref[q])
         clast[q] = c
@@ -248,8 +248,8 @@ def eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw):
         v = uref[q] - _dot(X, jp, dw)
         diff = old - v
         val[q] = v
-        sq_s += dl[q] * diff
-        mag += abs(dl[q]) * (abs(uref[q]) + abs(old) + abs(v) + 2.0 * abs(diff))
+        sq_s += dl[q - s0] * diff
+        mag += abs(dl[q - s0]) * (abs(uref[q]) + abs(old) + abs(v) + 2.0 * abs(diff))
     # ‖dw‖: |‖dw‖² - ‖computed dw‖²| <= (2γ_|P| + γ_d)·(Σ|dc|)²·max‖x‖², γ_k ≈ k·2⁻⁵³.
     # ‖dws‖²: a value of either evaluation is within (γ_|P| + γ_d)·(its Σ|dc|)·max‖x‖²
     # (+ u·|value| + γ_|P|·|uref| when summed from G) of exact arithmetic on the

@@ -57,12 +57,14 @@ def reanchor(
         leaf_err = np.zeros(part.shape[0])
         leaves = exact  # the rows the entries are chosen from
         if st.V is None:  # rows from w_r(t), none being stored
-            w = st.weights_of(part, eta_s)
+            w = st.weights_of(part, eta_s, st.buffer("weights", (part.shape[0], st.X.shape[1])))
             err32 = float32_error(w, st.R)
             # |products| <= ||w_r||·R: far from float32's overflow (a diverging run is not)
             if (err32 < _FLOAT32_SAFE_ERROR).all():  # exact values come below
                 leaves = st.buffer("leaves", (part.shape[0], st.n), np.float32)
-                np.matmul(w.astype(np.float32), st.X32.T, out=leaves)
+                w32 = st.buffer("weights32", w.shape, np.float32)
+                np.copyto(w32, w, casting="same_kind")
+                np.matmul(w32, st.X32.T, out=leaves)
                 leaf_err = err32
             else:
                 np.matmul(w, st.X.T, out=exact)

@@ -78,7 +78,6 @@ def evaluate_rows(
     seg,
     nf,
     pool,
-    scratch,
     a,
     E,
     err,
@@ -119,6 +118,7 @@ def evaluate_rows(
     chunks = min(nrows, _EVALUATE_CHUNKS)
     for c in prange(chunks):
         dw = np.empty(d)  # the move of a neuron, when its values come from the data
+        scratch = np.empty((2, G.shape[0]))  # its coefficient changes (|prefix| <= n)
         for k in range(c * nrows // chunks, (c + 1) * nrows // chunks):
             r = rows[k]
             if k + 1 < nrows and not by_data(d, seg[rows[k + 1], SUPP], scatter):
@@ -423,7 +423,7 @@ class BandTrainer(Trainer):
         fbuf = np.zeros(rows.shape[0] + 1, dtype=np.int64)
         if record:
             np.cumsum(st.seg[rows, CNT], out=fbuf[1:])  # room for every entry to flip
-        f_j = st.buffer("flip_j", (fbuf[-1],), np.int64)
+        f_j = st.buffer("flip_j", (fbuf[-1],), np.int32)  # as pool.j
         f_v = st.buffer("flip_value", (fbuf[-1],))
         f_on = st.buffer("flip_on", (fbuf[-1],), np.bool_)
         nflips = np.zeros(rows.shape[0], dtype=np.int64)
@@ -434,7 +434,6 @@ class BandTrainer(Trainer):
             st.seg,
             st.nf,
             st.pool.arrays,
-            st.buffer("pair_scratch", (2, st.pool.capacity)),  # coefficient changes
             self.a,
             st.E,
             err,
