@@ -223,8 +223,8 @@ class BandState:
     Notes
     -----
     Preprocessing: one GEMM (O(nmd), in blocks of
-    :data:`~corrtree._config.ANCHOR_BLOCK_BYTES`, small enough to stay in
-    cache for the scans), two scans of each block (O(nm)) and, after a float32
+    :data:`~corrtree._config.ANCHOR_BLOCK_BYTES`), two scans of each block as
+    it is made (O(nm)) and, after a float32
     GEMM, a float64 dot product per entry (O(d·entries)).  Memory: ~61 bytes
     per entry, plus ``8·n·m`` for float64 anchored rows.
     """
@@ -310,7 +310,7 @@ class BandState:
             else:
                 A, B = W0[s:e], X
             U = np.matmul(A, B.T, out=self.V[s:e] if keep else buf[: e - s])
-            if self.V is not None and not keep:
+            if self.V is not None and gemm32:  # float64 rows holding the float32 products
                 self.V[s:e] = U
             leaf_err = self.nf[s:e, LEAF_ERR]
             counts = count_candidates(U, tau, leaf_err)
