@@ -27,6 +27,15 @@ def wtree_query(X: np.ndarray, W: np.ndarray, r: int, tau: float) -> np.ndarray:
     return at_least(X @ W[r], tau)
 
 
+def band_widths(U: np.ndarray, b: float, band: float, exponent: float) -> np.ndarray:
+    """Each anchored row's band half-width: ``band·(f_r / mean f)^exponent`` within
+    ``[band/2, 2·band]``, ``f_r`` its products ``>= b`` (at least 1; the mean at least 1)."""
+    f = [sum(1 for v in row if v >= b) for row in U]
+    mean = max(1.0, sum(f) / len(f))
+    widths = [band * (max(c, 1) / mean) ** exponent for c in f]
+    return np.array([min(max(w, band / 2), 2 * band) for w in widths])
+
+
 def firing_pairs(X: np.ndarray, Y: np.ndarray, b: float) -> np.ndarray:
     """All ``(i, j)`` with ``<x_i, y_j> >= b``, lexicographically sorted."""
     pairs = [(i, j) for i in range(X.shape[0]) for j in range(Y.shape[0]) if X[i] @ Y[j] >= b]

@@ -8,6 +8,7 @@ weights ``W = W0 - C X`` are far from ``W0`` and every kernel has work to do.
 import numpy as np
 import pytest
 from naive import (
+    band_widths,
     coefficients,
     gershgorin_sigma,
     ntk,
@@ -19,7 +20,7 @@ from naive import (
 from corrtree import _config
 from corrtree.training import _pairs, _reanchor
 from corrtree.training._anchors import BandState
-from corrtree.training._pool import CNT, KEY, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP
+from corrtree.training._pool import BETA, CNT, KEY, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP
 from corrtree.training._reanchor import reanchor
 from corrtree.training._sparse import keys_to_csr, stepped_rows
 from corrtree.training.kernel import apply_flips, screen
@@ -83,14 +84,23 @@ def _entries(st, r):
 
 
 @pytest.mark.parametrize(("gemm", "anchor"), [("float64", "float64"), ("float32", "float32")])
-def test_anchors_hold_the_band_and_exact_values(gemm, anchor):
+@pytest.mark.parametrize("exponent", [0.0, 0.5, 3.0])  # one band; sqrt; clipped to [β/2, 2β]
+def test_anchors_hold_the_band_and_exact_values(gemm, anchor, exponent, monkeypatch):
+    monkeypatch.setattr(_config, "BAND_FIRE_EXPONENT", exponent)
     st, _ = _state(0, gemm=gemm, anchor=anchor)
     U = products(st.X, st.W0)
+    beta = band_widths(U, st.b, BAND, exponent)
+    if exponent == 0:
+        assert (beta == BAND).all()
+    else:  # the widths differ, and the steep exponent reaches both clips
+        assert beta.min() < beta.max()
+        assert exponent < 1 or (beta.min() == BAND / 2 and beta.max() == 2 * BAND)
+    np.testing.assert_allclose(st.nf[:, BETA], beta, rtol=1e-12)
     pool = st.pool.arrays
     for r in range(st.m):
         s0, cnt, supp = st.seg[r, START], st.seg[r, CNT], st.seg[r, SUPP]
         j = pool.j[s0 : s0 + cnt]
-        assert sorted(j) == sorted(np.flatnonzero(U[r] >= st.b - BAND))
+        assert sorted(j) == sorted(np.flatnonzero(U[r] >= st.b - beta[r]))
         np.testing.assert_allclose(pool.uref[s0 : s0 + cnt], U[r, j], rtol=0, atol=1e-13)
         assert sorted(j[:supp]) == sorted(np.flatnonzero(U[r] >= st.b))
         assert pool.fire[s0 : s0 + supp].all() and not pool.fire[s0 + supp : s0 + cnt].any()
@@ -295,13 +305,16 @@ def test_reanchor_recomputes_rows_and_bands(gemm, anchor, gain, safe, block_byte
     C = coefficients(st.seg, st.pool.arrays, st.a, st.E, eta_s, st.m, st.n)
     U = products(st.X, st.W0 - C @ st.X)
     ever = {r: set(_entries(st, r)[: st.seg[r, SUPP]]) for r in range(st.m)}
+    beta = st.nf[:, BETA].copy()
+    assert beta.min() < beta.max()  # each neuron keeps its own band
     rows = np.arange(0, st.m, 3, dtype=np.int64)
     reanchor(st, rows, eta_s)
+    np.testing.assert_array_equal(st.nf[:, BETA], beta)
     pool = st.pool.arrays
     for r in rows:
         s0, cnt = st.seg[r, START], st.seg[r, CNT]
         j = pool.j[s0 : s0 + cnt]
-        assert set(j) == ever[r] | set(np.flatnonzero(U[r] >= st.b - BAND))
+        assert set(j) == ever[r] | set(np.flatnonzero(U[r] >= st.b - beta[r]))
         np.testing.assert_allclose(pool.uref[s0 : s0 + cnt], U[r, j], rtol=0, atol=1e-12)
         np.testing.assert_array_equal(pool.fire[s0 : s0 + cnt], U[r, j] >= st.b)
         if anchor == "float64":  # kept for the Gram identity; float32 rows are not kept

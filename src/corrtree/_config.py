@@ -87,8 +87,12 @@ SEGMENT_SLACK_ADD = 4
 
 #: Half-width β of the tracked band at an anchor, in units of ``||w||·||x||`` drift:
 #: wide enough that re-anchoring (O(n·k̃) per neuron) is rare, narrow enough that
-#: the band holds a few times the firing pairs for unit-norm data.
-BAND = 0.5
+#: the band holds a few times the firing pairs for unit-norm data (the mean
+#: neuron's; each neuron's scales with its fire count, :data:`BAND_FIRE_EXPONENT`).
+BAND = 0.55
+#: Each neuron's band half-width is ``BAND·(f_r / mean f)^this`` at set-up, ``f_r`` its
+#: number of firing points (:func:`~corrtree.training._anchors.band_widths`).
+BAND_FIRE_EXPONENT = 0.5
 
 #: Neurons are summed in this many fixed chunks by the forward pass, so that the
 #: outputs do not depend on thread scheduling.

@@ -48,13 +48,29 @@ def query_threshold(tau, err):
     return t - _FLOAT32_MARGIN * abs(t) - 1e-300
 
 
-def float32_error(W: np.ndarray, R: float) -> np.ndarray:
-    """Bound on the error of each row of a float32 GEMM ``W·Xᵀ`` (``W`` and ``X``
-    rounded to float32 first): ``γ_{d+2}·||w_r||·R`` with a safety factor
-    (:data:`~corrtree._config.GEMM32_SAFETY`), ``R = max_j ||x_j||``."""
+def float32_error(W: np.ndarray, R: float, out: np.ndarray) -> np.ndarray:
+    """Copy ``W`` to the float32 array ``out`` and return a bound on the error of each
+    row of the float32 GEMM ``out·Xᵀ`` (``X`` rounded to float32 too):
+    ``γ_{d+2}·||w_r||·R`` with a safety factor
+    (:data:`~corrtree._config.GEMM32_SAFETY`), ``R = max_j ||x_j||``.  One pass
+    over ``W``, O(d) a row."""
     d = W.shape[1]
     gamma = (d + 2) * _config.U32 / (1.0 - (d + 2) * _config.U32)
-    return _config.GEMM32_SAFETY * gamma * np.sqrt(np.einsum("ij,ij->i", W, W)) * R
+    sq = np.empty(W.shape[0])
+    _to_float32(W, out, sq)
+    return _config.GEMM32_SAFETY * gamma * np.sqrt(sq) * R
+
+
+@njit(cache=True, parallel=True)
+def _to_float32(W, out, sq):
+    """``out = W`` rounded to float32, ``sq[k] = ||W[k]||²``."""
+    for k in prange(W.shape[0]):
+        s = 0.0
+        for i in range(W.shape[1]):
+            v = W[k, i]
+            out[k, i] = v
+            s += v * v
+        sq[k] = s
 
 
 @njit(cache=True, inline="always")
@@ -80,6 +96,29 @@ def count_candidates(U, tau, leaf_err):
             c += U[k, j] >= thr
         out[k] = c
     return out
+
+
+@njit(cache=True, parallel=True)
+def fire_counts(U, b):
+    """Number of products of each row ``U[k]`` at or above ``b``.  O(n) a row."""
+    out = np.empty(U.shape[0], dtype=np.int64)
+    for k in prange(U.shape[0]):
+        c = 0
+        for j in range(U.shape[1]):
+            c += U[k, j] >= b
+        out[k] = c
+    return out
+
+
+def band_widths(fires: np.ndarray, band: float, mean_fire: float) -> np.ndarray:
+    """Half-width of each fresh anchor's band:
+    ``β_r = band·(f_r / mean_fire)^e`` (``e`` = :data:`~corrtree._config.BAND_FIRE_EXPONENT`,
+    ``f_r = max(fires[r], 1)``) within ``[band/2, 2·band]``.  A neuron firing on more
+    points moves more per step (its step sums more errors): it gets room for that
+    instead of a re-anchoring.  Any ``β_r > 0`` is exact; the counts may come from
+    float32 rows."""
+    w = band * (np.maximum(fires, 1) / mean_fire) ** _config.BAND_FIRE_EXPONENT
+    return np.clip(w, 0.5 * band, 2.0 * band)
 
 
 @njit(cache=True, parallel=True)
@@ -209,7 +248,8 @@ class BandState:
     a : ndarray (m, K)
     b : float
     band : float
-        Half-width ``β`` of the band of tracked products around ``b`` at an anchor.
+        Half-width ``β`` of the band of tracked products around ``b`` at an anchor,
+        scaled per neuron by its fire count (:func:`band_widths`; ``nf[:, BETA]``).
     anchor_dtype : {"float64", "float32"}
         Storage of the anchored rows.  float64 keeps them (``V``, m·n·8 bytes)
         for re-anchoring by the Gram identity; float32 keeps none: each row
@@ -258,13 +298,15 @@ class BandState:
         are written at scattered places by parallel kernels.  First touches of
         fresh memory in that order cost far more than the work (W1's first
         iteration: 0.5 s against 0.2 s), so a new buffer is zero-filled in order
-        once and reused while it is large enough (it grows by 1/4 beyond the
-        request).
+        once and reused while it is large enough (when it must grow, it grows
+        by 1/4 beyond the request).  The set-up's GEMM blocks are buffers of
+        the names re-anchoring uses, so its rows land in memory already touched.
         """
         size = math.prod(shape)
         have = self._buffers.get(name)
         if have is None or have.shape[0] < size or have.dtype != np.dtype(dtype):
-            have = self._buffers[name] = np.empty(size + size // 4, dtype=dtype)
+            spare = 0 if have is None else size // 4
+            have = self._buffers[name] = np.empty(size + spare, dtype=dtype)
             have.fill(0)
         return have[:size].reshape(shape)
 
@@ -294,18 +336,21 @@ class BandState:
         d = X.shape[1]
         dtype = np.float32 if gemm32 else np.float64
         block = _config.block_rows(dtype().itemsize * self.n, m, _config.ANCHOR_BLOCK_BYTES)
+        rows_in_block = min(block, m)
         if gemm32:
             X32 = self.X32
-            self.nf[:, LEAF_ERR] = float32_error(W0, self.R)
-            w32 = np.empty((min(block, m), d), dtype=np.float32)
+            w32 = self.buffer("weights32", (rows_in_block, d), np.float32)
         keep = self.V is not None and not gemm32  # the float64 GEMM writes V in place
-        buf = None if keep else np.empty((min(block, m), self.n), dtype=dtype)
-        tau = np.full(min(block, m), self.b - self.band)
+        # re-anchoring reuses these blocks (memory already touched): same names
+        name = "leaves" if gemm32 else "exact_rows"
+        buf = None if keep else self.buffer(name, (rows_in_block, self.n), dtype)
+        tau = np.empty(rows_in_block)
+        mean_fire = 0.0
         for s in range(0, m, block):
             e = min(s + block, m)
             rows = np.arange(s, e, dtype=np.int64)
             if gemm32:
-                np.copyto(w32[: e - s], W0[s:e], casting="same_kind")
+                self.nf[s:e, LEAF_ERR] = float32_error(W0[s:e], self.R, w32[: e - s])
                 A, B = w32[: e - s], X32
             else:
                 A, B = W0[s:e], X
@@ -313,12 +358,17 @@ class BandState:
             if self.V is not None and gemm32:  # float64 rows holding the float32 products
                 self.V[s:e] = U
             leaf_err = self.nf[s:e, LEAF_ERR]
-            counts = count_candidates(U, tau, leaf_err)
+            fires = fire_counts(U, self.b)
+            if s == 0:  # the mean fire count of the first block sets the scale
+                mean_fire = max(1.0, float(fires.mean()))
+            self.nf[s:e, BETA] = band_widths(fires, self.band, mean_fire)
+            tau[: e - s] = self.b - self.nf[s:e, BETA]
+            counts = count_candidates(U, tau[: e - s], leaf_err)
             if s == 0:  # size the pool from the first block, with a margin
                 per = (counts.sum() + _config.SEGMENT_SLACK_ADD * rows.shape[0]) / rows.shape[0]
                 self.pool.reserve(int(_config.POOL_FIRST_BLOCK_MARGIN * per * m))
             self.pool.place(self.seg, rows, counts)
-            fill_new_anchors(U, rows, tau, leaf_err, self.seg, self.pool.arrays, self.b)
+            fill_new_anchors(U, rows, tau[: e - s], leaf_err, self.seg, self.pool.arrays, self.b)
             if gemm32:  # the float32 values only chose the entries: recompute them
                 exact_entries_from_w(W0, X, rows, self.seg, self.pool.arrays)
                 reorder_after_exact(rows, self.seg, self.pool.arrays, self.b)

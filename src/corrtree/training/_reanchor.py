@@ -24,7 +24,7 @@ from ._anchors import (
     report_above,
 )
 from ._pairs import coef, dot_row, flip
-from ._pool import CAP, CNT, LEAF_ERR, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP
+from ._pool import BETA, CAP, CNT, LEAF_ERR, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP
 
 __all__ = ["reanchor"]
 
@@ -58,12 +58,11 @@ def reanchor(
         leaves = exact  # the rows the entries are chosen from
         if st.V is None:  # rows from w_r(t), none being stored
             w = st.weights_of(part, eta_s, st.buffer("weights", (part.shape[0], st.X.shape[1])))
-            err32 = float32_error(w, st.R)
+            w32 = st.buffer("weights32", w.shape, np.float32)
+            err32 = float32_error(w, st.R, w32)
             # |products| <= ||w_r||·R: far from float32's overflow (a diverging run is not)
             if (err32 < _FLOAT32_SAFE_ERROR).all():  # exact values come below
                 leaves = st.buffer("leaves", (part.shape[0], st.n), np.float32)
-                w32 = st.buffer("weights32", w.shape, np.float32)
-                np.copyto(w32, w, casting="same_kind")
                 np.matmul(w32, st.X32.T, out=leaves)
                 leaf_err = err32
             else:
@@ -73,11 +72,11 @@ def reanchor(
             st.V[part] = exact
         st.nf[part, LEAF_ERR] = leaf_err
         st.nf[part, SIGMA] = SIGMA_UNKNOWN  # the fire set is rebuilt
-        tau = np.full(part.shape[0], st.b - st.band)
+        tau = st.b - st.nf[part, BETA]  # each neuron keeps its band half-width
         counts = count_candidates(leaves, tau, leaf_err)
         if leaves is not exact:
             exact_where_read(part, w, st.X, exact, leaves, tau, leaf_err, st.seg, pool)
-        need = counts + ever_not_in_band(part, exact, st.seg, pool, st.b - st.band)
+        need = counts + ever_not_in_band(part, exact, st.seg, pool, tau)
         old = st.seg[part].copy()
         grow = need > old[:, CAP]
         if grow.any():
@@ -170,14 +169,14 @@ def exact_where_read(rows, w, X, exact, leaves, tau, leaf_err, seg, pool):
 
 @njit(cache=True)
 def ever_not_in_band(rows, exact, seg, pool, tau):
-    """Ever-fired pairs of ``rows`` whose new anchored product is below ``tau``."""
+    """Ever-fired pairs of ``rows[k]`` whose new anchored product is below ``tau[k]``."""
     ej = pool.j
     out = np.zeros(rows.shape[0], dtype=np.int64)
     for k in range(rows.shape[0]):
         r = rows[k]
         s0 = seg[r, START]
         for p in range(seg[r, SUPP]):
-            if exact[k, ej[s0 + p]] < tau:
+            if exact[k, ej[s0 + p]] < tau[k]:
                 out[k] += 1
     return out
 

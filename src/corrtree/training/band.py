@@ -306,7 +306,9 @@ class BandTrainer(Trainer):
     band : float, optional
         Half-width ``β`` of the tracked band around ``b`` (default
         :data:`~corrtree._config.BAND`), the re-anchoring budget: a larger band
-        tracks more pairs and re-anchors less often.
+        tracks more pairs and re-anchors less often.  Each neuron's half-width is
+        ``β`` scaled by the square root of its fire count over the mean, within
+        ``[β/2, 2β]`` (:func:`~._anchors.band_widths`).
     anchor_dtype : {"float64", "float32"}, optional
         Storage of the anchored products (default :func:`choose_storage`).
         Leaves carry their rounding error into every query, so both give the
