@@ -5,6 +5,7 @@ coefficients (``kappa``, firing flags, cumulative error ``E``), so the implicit
 weights ``W = W0 - C X`` are far from ``W0`` and every kernel has work to do.
 """
 
+import numba
 import numpy as np
 import pytest
 from naive import (
@@ -346,21 +347,23 @@ def test_apply_flips_keeps_h_the_ntk_of_the_fire_sets():
         fv += list(f_v[:pos])
         fo += list(f_on[:pos])
     assert len(fr) > 0
-    apply_flips(
-        np.array(fr, np.int64),
-        np.array(fj, np.int64),
-        np.array(fv),
-        np.array(fo, np.bool_),
-        st.seg,
-        st.pool.arrays,
-        u,
-        H,
-        st.a,
-        st.G,
-        st.b,
-        1 / np.sqrt(st.m),
-        float(st.m),
+    flips = (np.array(fr, np.int64), np.array(fj, np.int64), np.array(fv), np.array(fo, np.bool_))
+    # the same additions in the same order on one thread as on two: equal bits
+    H1, u1 = H.copy(), u.copy()
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        one = apply_flips(
+            *flips, st.seg, st.pool.arrays, u1, H1, st.a, st.G, st.b, 1 / np.sqrt(st.m), float(st.m)
+        )
+    finally:
+        numba.set_num_threads(threads)
+    many = apply_flips(
+        *flips, st.seg, st.pool.arrays, u, H, st.a, st.G, st.b, 1 / np.sqrt(st.m), float(st.m)
     )
+    assert one == many
+    np.testing.assert_array_equal(H, H1)
+    np.testing.assert_array_equal(u, u1)
     F1 = np.zeros_like(F0)
     indptr, idx = st.firing_csr()
     for r in range(st.m):

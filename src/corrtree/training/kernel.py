@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numba
 import numpy as np
 from numba import njit, prange
 
@@ -55,13 +56,21 @@ _U64 = _config.U64
 
 
 @njit(cache=True, inline="always")
-def _add_pair(H, a, r, j, i, g):
+def _add_pair(H, a, r, j, i, G, sign, m, lo, hi):
+    """``g·a_r a_rᵀ``, ``g = sign·G[j, i]/m``, into the ``(j, i)`` and ``(i, j)`` blocks of
+    ``H``, the rows of points ``lo <= · < hi`` only."""
     K = a.shape[1]
+    own_j, own_i = lo <= j < hi, lo <= i < hi
+    if not (own_j or own_i):
+        return
+    g = sign * G[j, i] / m
     for k in range(K):
         for k2 in range(K):
             c = g * a[r, k] * a[r, k2]
-            H[j * K + k, i * K + k2] += c
-            H[i * K + k2, j * K + k] += c
+            if own_j:
+                H[j * K + k, i * K + k2] += c
+            if own_i:
+                H[i * K + k2, j * K + k] += c
 
 
 @njit(cache=True, inline="always")
@@ -72,8 +81,7 @@ def _add_diag(H, a, r, j, g):
             H[j * K + k, j * K + k2] += g * a[r, k] * a[r, k2]
 
 
-@njit(cache=True)
-def apply_flips(fr, fj, fv, fon, seg, pool, u, H, a, G, b, scale, m):
+def apply_flips(fr, fj, fv, fon, seg, pool, u, H, a, G, b, scale, m) -> tuple[int, int]:
     """Add flips (grouped by neuron, already applied to the pool) to ``u`` and ``H``.
 
     For each neuron the fire set before its flips is rebuilt from the pool,
@@ -82,7 +90,31 @@ def apply_flips(fr, fj, fv, fon, seg, pool, u, H, a, G, b, scale, m):
     ``(j, l)`` and ``(l, j)`` blocks of ``H`` (and ``G[j, j]/m`` to
     ``(j, j)``); turning it off removes the same.  Returns the changes of the
     fired-pair and moved-neuron counts.
+
+    Each thread owns a range of points: it walks all the flips and writes only
+    the rows of ``H`` and ``u`` of its points, so every entry receives its
+    additions in the serial order, whatever the number of threads.
+    O(Σ_flips |S_r|·K²) writes, plus the walk per thread.
     """
+    parts = max(1, min(numba.get_num_threads(), u.shape[0]))
+    return _apply_flips(fr, fj, fv, fon, seg, pool, u, H, a, G, b, scale, m, parts)
+
+
+@njit(cache=True, parallel=True)
+def _apply_flips(fr, fj, fv, fon, seg, pool, u, H, a, G, b, scale, m, parts):
+    n = u.shape[0]
+    counts = np.zeros((parts, 2), dtype=np.int64)
+    for t in prange(parts):
+        lo, hi = t * n // parts, (t + 1) * n // parts
+        counts[t, 0], counts[t, 1] = _apply_flips_rows(
+            fr, fj, fv, fon, seg, pool, u, H, a, G, b, scale, m, lo, hi
+        )
+    return counts[0, 0], counts[0, 1]
+
+
+@njit(cache=True)
+def _apply_flips_rows(fr, fj, fv, fon, seg, pool, u, H, a, G, b, scale, m, lo, hi):
+    """:func:`apply_flips` for the rows of points ``lo <= · < hi``."""
     ej, fire = pool[0], pool[6]
     K = a.shape[1]
     d_fired = 0
@@ -122,14 +154,15 @@ def apply_flips(fr, fj, fv, fon, seg, pool, u, H, a, G, b, scale, m):
                         nc -= 1
                         break
             for c in range(nc):
-                _add_pair(H, a, r, j, cur[c], sign * G[j, cur[c]] / m)
-            _add_diag(H, a, r, j, sign * G[j, j] / m)
+                _add_pair(H, a, r, j, cur[c], G, sign, m, lo, hi)
             if fon[f]:
                 cur[nc] = j
                 nc += 1
-            z = sign * scale * (fv[f] - b)
-            for k in range(K):
-                u[j, k] += a[r, k] * z
+            if lo <= j < hi:
+                _add_diag(H, a, r, j, sign * G[j, j] / m)
+                z = sign * scale * (fv[f] - b)
+                for k in range(K):
+                    u[j, k] += a[r, k] * z
         d_fired += nc - before
         d_moved += (nc > 0) - (before > 0)
         i = stop
