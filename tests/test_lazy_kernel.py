@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import corrtree as ct
+from corrtree.training.band import row_groups
 
 FAST = ["lazy", "kernel"]
 
@@ -148,3 +149,31 @@ def test_auto_picks_the_cheapest_modelled_method():
     assert set(costs) == {"dense", "dtree", "wtree", "lazy", "kernel"}
     assert hist.method == min(costs, key=costs.get)
     assert hist.method in FAST  # wide and sparse: the implicit methods win
+
+
+@pytest.mark.parametrize("records", [1, 7, 2**30])  # a neuron a group, a few, one group
+def test_kernel_flip_record_groups_keep_the_trajectory(monkeypatch, records):
+    X, y, model0 = _problem(60, 1200, 16, 2, 8, b_scale=0.8)
+    ref = _run(model0, X, y, "dense", iters=15)
+    monkeypatch.setattr(ct._config, "FLIP_RECORD_ENTRIES", records)
+    hist, W = _run(model0, X, y, "kernel", iters=15)
+    assert_same_trajectory(hist, W, *ref)
+    assert sum(hist.flips) > 0
+
+
+@pytest.mark.parametrize("budget", [1, 3, 5, 6, 100])
+@pytest.mark.parametrize("counts", [[], [3], [10], [3, 3, 3], [0, 4, 0, 2, 9, 1, 1]])
+def test_row_groups_cover_the_rows_within_the_budget(counts, budget):
+    counts = np.array(counts, dtype=np.int64)
+    bounds = row_groups(counts, budget)
+    assert bounds[0] == 0 and bounds[-1] == len(counts)
+    if len(counts) == 0:
+        assert bounds == [0, 0]  # one empty group
+        return
+    assert all(b0 < b1 for b0, b1 in itertools.pairwise(bounds))
+    for b0, b1 in itertools.pairwise(bounds):
+        # within the budget unless one row alone exceeds it; a group stops only when
+        # the next row would not fit
+        assert counts[b0:b1].sum() <= budget or b1 - b0 == 1
+        if b1 < len(counts):
+            assert counts[b0 : b1 + 1].sum() > budget

@@ -99,6 +99,10 @@ BAND_FIRE_EXPONENT = 0.5
 FORWARD_CHUNKS = 64
 #: Neurons are evaluated in this many runs, each with its own scratch vectors.
 EVALUATE_CHUNKS = 256
+
+#: The kernel trainer evaluates its due neurons in groups whose entries, each with
+#: room in the flip records, number at most this (a few MiB of records, reused).
+FLIP_RECORD_ENTRIES = 2**19
 #: Rows whose exact products at chosen points are computed together
 #: (:func:`~corrtree.training._anchors.pair_dots`): their weights stay in L2 while
 #: each point's row of X is read once.

@@ -89,8 +89,15 @@ def _child_entry(queue, func, args):
         queue.put(("error", f"{type(exc).__name__}: {exc}"))
 
 
+#: Seconds to wait before each benchmark child: memory the last one freed goes back to
+#: the host meanwhile (virtio free page reporting), not while the next one is timed.
+SETTLE_S = 5.0
+
+
 def in_child(func: Callable[..., Any], *args: Any) -> Any:
-    """Run ``func(*args)`` in a fresh process (so its peak RSS is its own)."""
+    """Run ``func(*args)`` in a fresh process (so its peak RSS is its own), after
+    :data:`SETTLE_S` seconds of quiet."""
+    time.sleep(SETTLE_S)
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     proc = ctx.Process(target=_child_entry, args=(queue, func, args))

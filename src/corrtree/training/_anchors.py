@@ -277,7 +277,6 @@ class BandState:
         self.V = np.empty((m, n)) if self.anchor_dtype == np.float64 else None
         self.seg = np.zeros((m, 5), dtype=np.int64)
         self.nf = np.zeros((m, 6))
-        self.nf[:, BETA] = self.band
         self.nf[:, SIGMA] = SIGMA_UNKNOWN  # computed where a bound first needs it
         self.pool = Pool(m * _config.POOL_ENTRIES_PER_NEURON)
         self._anchor_all(np.dtype(gemm_dtype) == np.float32)

@@ -5,6 +5,7 @@ re-anchor step (``docs/design.md``, "Band trainers").
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -43,7 +44,7 @@ from ._reanchor import reanchor
 from ._state import Field, Scalar, fail
 from .optim import LinearStep
 
-__all__ = ["BandTrainer", "choose_storage", "evaluate_rows", "gather_flips"]
+__all__ = ["BandTrainer", "choose_storage", "evaluate_rows", "gather_flips", "row_groups"]
 
 _EVALUATE_CHUNKS = _config.EVALUATE_CHUNKS
 
@@ -153,6 +154,18 @@ def evaluate_rows(
                 nf[r, KEY] = neuron_key(
                     r, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, since_anchor, room
                 )
+
+
+def row_groups(counts: np.ndarray, budget: int) -> list[int]:
+    """Bounds ``[0, …, len(counts)]`` of consecutive groups of rows whose ``counts`` sum to
+    at most ``budget`` (a row above it alone); one empty group if there are no rows."""
+    ends = np.cumsum(counts)
+    bounds = [0]
+    while bounds[-1] < counts.shape[0] or len(bounds) == 1:
+        base = ends[bounds[-1] - 1] if bounds[-1] else 0
+        nxt = int(np.searchsorted(ends, base + budget, side="right"))
+        bounds.append(max(nxt, bounds[-1] + 1) if counts.shape[0] else 0)
+    return bounds
 
 
 @njit(cache=True)
@@ -422,43 +435,53 @@ class BandTrainer(Trainer):
         mask and, if ``record``, the flips as ``(r, j, value, on)`` arrays.  With
         ``per_p > 0`` (kernel trainer) the neurons get new keys and ``room``."""
         st = self.store
-        fbuf = np.zeros(rows.shape[0] + 1, dtype=np.int64)
-        if record:
-            np.cumsum(st.seg[rows, CNT], out=fbuf[1:])  # room for every entry to flip
-        f_j = st.buffer("flip_j", (fbuf[-1],), np.int32)  # as pool.j
-        f_v = st.buffer("flip_value", (fbuf[-1],))
-        f_on = st.buffer("flip_on", (fbuf[-1],), np.bool_)
         nflips = np.zeros(rows.shape[0], dtype=np.int64)
         nevals = np.zeros(rows.shape[0], dtype=np.int64)
         again = np.zeros(rows.shape[0], dtype=np.bool_)
-        evaluate_rows(
-            rows,
-            st.seg,
-            st.nf,
-            st.pool.arrays,
-            self.a,
-            st.E,
-            err,
-            self.G,
-            self.X,
-            st.xnorm,
-            self.eta_s,
-            self.b,
-            st.R,
-            self.cert,
-            _config.scatter_cost(st.n),
-            fbuf,
-            f_j,
-            f_v,
-            f_on,
-            nflips,
-            nevals,
-            again,
-            P,
-            per_p,
-            np.empty(0) if room is None else room,
-        )
-        flips = gather_flips(rows, fbuf, nflips, f_j, f_v, f_on) if record else None
+        room = np.empty(0) if room is None else room
+        # flip records have room for every entry of the rows to flip: rows in groups of at
+        # most FLIP_RECORD_ENTRIES entries keep the record buffers small
+        counts = st.seg[rows, CNT]
+        bounds = row_groups(counts, _config.FLIP_RECORD_ENTRIES) if record else [0, rows.shape[0]]
+        found = []
+        for g0, g1 in pairwise(bounds):
+            part = rows[g0:g1]
+            fbuf = np.zeros(part.shape[0] + 1, dtype=np.int64)
+            if record:
+                np.cumsum(counts[g0:g1], out=fbuf[1:])
+            f_j = st.buffer("flip_j", (fbuf[-1],), np.int32)  # as pool.j
+            f_v = st.buffer("flip_value", (fbuf[-1],))
+            f_on = st.buffer("flip_on", (fbuf[-1],), np.bool_)
+            evaluate_rows(
+                part,
+                st.seg,
+                st.nf,
+                st.pool.arrays,
+                self.a,
+                st.E,
+                err,
+                self.G,
+                self.X,
+                st.xnorm,
+                self.eta_s,
+                self.b,
+                st.R,
+                self.cert,
+                _config.scatter_cost(st.n),
+                fbuf,
+                f_j,
+                f_v,
+                f_on,
+                nflips[g0:g1],
+                nevals[g0:g1],
+                again[g0:g1],
+                P,
+                per_p,
+                room,
+            )
+            if record:
+                found.append(gather_flips(part, fbuf, nflips[g0:g1], f_j, f_v, f_on))
+        flips = tuple(np.concatenate(a) for a in zip(*found, strict=True)) if record else None
         self.evaluated += int(nevals.sum())
         return nflips, again, flips
 
