@@ -159,12 +159,14 @@ def evaluate_rows(
 def row_groups(counts: np.ndarray, budget: int) -> list[int]:
     """Bounds ``[0, …, len(counts)]`` of consecutive groups of rows whose ``counts`` sum to
     at most ``budget`` (a row above it alone); one empty group if there are no rows."""
+    if counts.shape[0] == 0:
+        return [0, 0]
     ends = np.cumsum(counts)
     bounds = [0]
-    while bounds[-1] < counts.shape[0] or len(bounds) == 1:
+    while bounds[-1] < counts.shape[0]:
         base = ends[bounds[-1] - 1] if bounds[-1] else 0
         nxt = int(np.searchsorted(ends, base + budget, side="right"))
-        bounds.append(max(nxt, bounds[-1] + 1) if counts.shape[0] else 0)
+        bounds.append(max(nxt, bounds[-1] + 1))
     return bounds
 
 
