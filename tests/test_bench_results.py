@@ -14,3 +14,54 @@ def test_results_are_stored_without_weight_sketches():
         "rows": [{"m": 8}, {"m": 16}],
         "slope": 0.5,
     }
+
+
+def _fake_clock():
+    """A sleep that only records how long it was asked to sleep."""
+    slept = []
+    return slept, slept.append
+
+
+def test_settle_waits_until_free_memory_is_steady():
+    from corrtree.bench import _util
+
+    counts = iter([1000, 40000, 90000, 90100, 90200, 150000, 150100, 150000, 150200, 150300])
+    slept, sleep = _fake_clock()
+    waited = _util.settle(read=lambda: next(counts), sleep=sleep)
+    # 5 s, then one-second polls: the changes of 39 000, 50 000 and 59 800 pages reset
+    # the count of quiet seconds; three quiet seconds in a row end the wait
+    assert slept == [_util.SETTLE_S] + [1.0] * 8
+    assert waited == _util.SETTLE_S + 8
+
+
+def test_settle_gives_up_and_copes_without_a_count():
+    from corrtree.bench import _util
+
+    slept, sleep = _fake_clock()
+    busy = iter(range(0, 10**9, 10**5))  # never steady
+    waited = _util.settle(read=lambda: next(busy), sleep=sleep)
+    assert waited == _util.SETTLE_MAX_S and sum(slept) == _util.SETTLE_MAX_S
+    slept, sleep = _fake_clock()
+    assert _util.settle(read=lambda: None, sleep=sleep) == _util.SETTLE_S
+    assert slept == [_util.SETTLE_S]
+
+
+def test_median_run_repeats_only_short_whole_runs(monkeypatch):
+    from corrtree.bench import workloads
+
+    totals = iter([5.0, 9.0, 7.0, 100.0, 50.0])
+    calls = []
+
+    def fake(func, *args):
+        calls.append(args)
+        t = next(totals)
+        return {"total_s": t, "wall_s": t / 10 if t == 50.0 else t, "extrapolated": t == 50.0}
+
+    monkeypatch.setattr(workloads, "in_child", fake)
+    short = workloads.median_run("kernel", 1)
+    assert len(calls) == workloads.REPEATS == 3
+    assert short["total_s"] == 7.0 and short["repeat_totals_s"] == [5.0, 7.0, 9.0]
+    long = workloads.median_run("lazy", 2)
+    assert len(calls) == 4 and long["repeat_totals_s"] == [100.0]
+    extrapolated = workloads.median_run("dense", 3)  # 5 s measured, 50 s in all
+    assert len(calls) == 5 and extrapolated["repeat_totals_s"] == [50.0]

@@ -26,6 +26,7 @@ __all__ = [
     "print_table",
     "rss_bytes",
     "save_result",
+    "settle",
     "slope",
     "warm_kernels",
 ]
@@ -89,15 +90,54 @@ def _child_entry(queue, func, args):
         queue.put(("error", f"{type(exc).__name__}: {exc}"))
 
 
-#: Seconds to wait before each benchmark child: memory the last one freed goes back to
-#: the host meanwhile (virtio free page reporting), not while the next one is timed.
+#: Before each benchmark child: at least ``SETTLE_S`` seconds, then until the free
+#: memory has changed by at most ``SETTLE_PAGES`` pages in each of ``SETTLE_QUIET``
+#: consecutive seconds, at most ``SETTLE_MAX_S`` in all.  On a virtual machine the
+#: gigabytes a child freed go back to the host in chunks for several seconds (virtio
+#: free page reporting: 6 GiB took about 13 s here); a child timed meanwhile ran
+#: 10-20% slower (W1 kernel: 3.7-4.0 s after 5 s against 3.2-3.4 s after 30 s).
 SETTLE_S = 5.0
+SETTLE_PAGES = 512
+SETTLE_QUIET = 3
+SETTLE_MAX_S = 60.0
+
+
+def _free_pages() -> int | None:
+    """The kernel's count of free pages (``/proc/vmstat``), or ``None`` if unknown."""
+    try:
+        with open("/proc/vmstat", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("nr_free_pages "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def settle(
+    read: Callable[[], int | None] = _free_pages,
+    sleep: Callable[[float], Any] = time.sleep,
+) -> float:
+    """Wait until the machine's free memory is steady (see :data:`SETTLE_S`); returns
+    the seconds waited.  Without a free-page count it waits ``SETTLE_S``."""
+    waited = 0.0
+    sleep(SETTLE_S)
+    waited += SETTLE_S
+    last = read()
+    quiet = 0
+    while last is not None and quiet < SETTLE_QUIET and waited < SETTLE_MAX_S:
+        sleep(1.0)
+        waited += 1.0
+        now = read()
+        quiet = quiet + 1 if now is not None and abs(now - last) <= SETTLE_PAGES else 0
+        last = now
+    return waited
 
 
 def in_child(func: Callable[..., Any], *args: Any) -> Any:
-    """Run ``func(*args)`` in a fresh process (so its peak RSS is its own), after
-    :data:`SETTLE_S` seconds of quiet."""
-    time.sleep(SETTLE_S)
+    """Run ``func(*args)`` in a fresh process (so its peak RSS is its own), once the
+    machine has settled (:func:`settle`)."""
+    settle()
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     proc = ctx.Process(target=_child_entry, args=(queue, func, args))
