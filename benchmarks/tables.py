@@ -292,12 +292,27 @@ def workloads(res: dict) -> str:
                 ]
             )
     checks = [r.get("final_loss_is_the_weights_loss", {}) for r in res["results"].values()]
+    repeated = [
+        f"{name} {k} " + " / ".join(f"{t:.3g}" for t in v["repeat_totals_s"]) + " s"
+        for name, r in res["results"].items()
+        for k, v in r["runs"].items()
+        if len(v.get("repeat_totals_s", [])) > 1
+    ]
     out = [
         _table(head, rows),
         "",
         "\\* extrapolated from the first iterations (dense numpy and PyTorch always; the tree "
         "methods and a fast method past its time budget when marked).",
         "",
+        *(
+            [
+                "Whole runs shorter than 30 s ran three times, each in a fresh process; the "
+                "median is shown. The three totals: " + "; ".join(repeated) + ".",
+                "",
+            ]
+            if repeated
+            else []
+        ),
         "Exactness: every method's first losses equal dense's (1e-9) on every workload: "
         f"{all(all(r['losses_agree_with_dense'].values()) for r in res['results'].values())}; "
         "lazy's and kernel's final weights agree: "
