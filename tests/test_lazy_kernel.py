@@ -1,11 +1,15 @@
 """The lazy and kernel trainers reproduce dense gradient descent exactly."""
 
 import itertools
+import mmap
+import pickle
+import sys
 
 import numpy as np
 import pytest
 
 import corrtree as ct
+from corrtree.training._pool import Pool, zeros
 from corrtree.training.band import row_groups
 
 FAST = ["lazy", "kernel"]
@@ -177,3 +181,48 @@ def test_row_groups_cover_the_rows_within_the_budget(counts, budget):
         assert counts[b0:b1].sum() <= budget or b1 - b0 == 1
         if b1 < len(counts):
             assert counts[b0 : b1 + 1].sum() > budget
+
+
+def _in_mmap(a: np.ndarray) -> bool:
+    return isinstance(getattr(a.base, "obj", a.base), mmap.mmap)
+
+
+def test_pool_zeros_in_small_page_memory(monkeypatch):
+    monkeypatch.setattr(ct._config, "POOL_SMALL_PAGES_BYTES", 64)
+    big, small = zeros(100, np.float64), zeros(7, np.int32)
+    assert _in_mmap(big) == sys.platform.startswith("linux")  # 800 bytes: small pages
+    assert not _in_mmap(small)  # 28 bytes: numpy's own
+    for a, n, dt in ((big, 100, np.float64), (small, 7, np.int32)):
+        assert a.shape == (n,) and a.dtype == dt and not a.any()
+        assert a.flags.writeable and a.flags.c_contiguous and a.flags.aligned
+    big[:] = np.arange(100.0)
+    assert np.array_equal(pickle.loads(pickle.dumps(big)), np.arange(100.0))
+    assert zeros(0, np.float64).shape == (0,)
+
+
+def test_pool_growth_in_small_page_memory_keeps_the_entries(monkeypatch):
+    monkeypatch.setattr(ct._config, "POOL_SMALL_PAGES_BYTES", 1)
+    pool = Pool(16)
+    seg = np.zeros((3, 5), dtype=np.int64)
+    pool.place(seg, np.arange(3), np.array([2, 3, 1]))
+    used = pool.used
+    pool.arrays.uref[:used] = np.arange(used) + 0.5
+    pool.arrays.j[:used] = np.arange(used)
+    pool.reserve(1000)
+    assert pool.capacity >= used + 1000
+    assert _in_mmap(pool.arrays.uref) == sys.platform.startswith("linux")
+    assert np.array_equal(pool.arrays.uref[:used], np.arange(used) + 0.5)
+    assert np.array_equal(pool.arrays.j[:used], np.arange(used))
+    assert not pool.arrays.uref[used:].any() and not pool.arrays.fire.any()
+    pool.use_velocities()
+    assert pool.arrays.vel.shape == (pool.capacity,) and not pool.arrays.vel.any()
+
+
+@pytest.mark.parametrize("method", ["lazy", "kernel"])
+def test_pool_in_small_page_memory_keeps_the_trajectory(monkeypatch, method):
+    X, y, model0 = _problem(60, 1200, 16, 2, 8, b_scale=0.8)
+    ref = _run(model0, X, y, "dense", iters=15)
+    monkeypatch.setattr(ct._config, "POOL_SMALL_PAGES_BYTES", 1)  # every field in mmap memory
+    hist, W = _run(model0, X, y, method, iters=15)
+    assert_same_trajectory(hist, W, *ref)
+    assert sum(hist.flips) > 0

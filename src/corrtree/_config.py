@@ -82,6 +82,10 @@ POOL_FIRST_BLOCK_MARGIN = 1.3
 #: places, so that a few flips into its band do not move it.
 SEGMENT_SLACK_DIV = 4
 SEGMENT_SLACK_ADD = 4
+#: Pool fields of at least this many bytes live in memory without transparent huge
+#: pages (``_pool.zeros``): their first writes, segment by segment from parallel
+#: threads, cost several times more in huge pages on this machine.
+POOL_SMALL_PAGES_BYTES = 4 * 2**20
 
 # -- band trainers -------------------------------------------------------------------
 
