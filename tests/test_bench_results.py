@@ -16,7 +16,7 @@ def test_results_are_stored_without_weight_sketches():
     }
 
 
-def _fake_clock():
+def _recording_sleep():
     """A sleep that only records how long it was asked to sleep."""
     slept = []
     return slept, slept.append
@@ -26,7 +26,7 @@ def test_settle_waits_until_free_memory_is_steady():
     from corrtree.bench import _util
 
     counts = iter([1000, 40000, 90000, 90100, 90200, 150000, 150100, 150000, 150200, 150300])
-    slept, sleep = _fake_clock()
+    slept, sleep = _recording_sleep()
     waited = _util.settle(read=lambda: next(counts), sleep=sleep)
     # 5 s, then one-second polls: the changes of 39 000, 50 000 and 59 800 pages reset
     # the count of quiet seconds; three quiet seconds in a row end the wait
@@ -37,11 +37,11 @@ def test_settle_waits_until_free_memory_is_steady():
 def test_settle_gives_up_and_copes_without_a_count():
     from corrtree.bench import _util
 
-    slept, sleep = _fake_clock()
+    slept, sleep = _recording_sleep()
     busy = iter(range(0, 10**9, 10**5))  # never steady
     waited = _util.settle(read=lambda: next(busy), sleep=sleep)
     assert waited == _util.SETTLE_MAX_S and sum(slept) == _util.SETTLE_MAX_S
-    slept, sleep = _fake_clock()
+    slept, sleep = _recording_sleep()
     assert _util.settle(read=lambda: None, sleep=sleep) == _util.SETTLE_S
     assert slept == [_util.SETTLE_S]
 

@@ -23,7 +23,7 @@ import numpy as np
 from .. import _config
 from .._validation import check_memory
 from ..model import TwoLayerReLU
-from ._ntk import dense_top_eigenvalue, lambda_max, lr_from_lambda
+from ._ntk import formed_is_used, lambda_max, lr_from_lambda
 from ._sparse import count_changed, stepped_rows
 from ._state import Field, Schema, check_csr, fail
 from .optim import LinearStep, explicit_update
@@ -95,14 +95,10 @@ class Trainer:
         lr_s = 0.0
         if lr == "auto":
             H = self.ntk()
-            if H is not None and H.shape[0] <= _config.NTK_DENSE_MATVEC_LIMIT:
-                t0 = time.perf_counter()  # lambda_max would take this way: no fire sets
-                lam = dense_top_eigenvalue(H)
-            else:
-                fire = self.initial_fire_sets()  # kept for the first iteration: not lr's cost
-                t0 = time.perf_counter()
-                lam = lambda_max(*fire, G, self.a, H, self.width, X)
-            lr = lr_from_lambda(lam)
+            # the fire sets, when read, are kept for the first iteration: not lr's cost
+            fire = (None, None) if formed_is_used(H) else self.initial_fire_sets()
+            t0 = time.perf_counter()
+            lr = lr_from_lambda(lambda_max(*fire, G, self.a, H, self.width, X))
             lr_s = time.perf_counter() - t0
         self.info["lr_s"] = lr_s
         self._begin(lr)

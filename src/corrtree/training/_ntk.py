@@ -195,9 +195,16 @@ def top_eigenvalue(order: int, matvec=None, H: np.ndarray | None = None) -> floa
     return float(val[0])
 
 
+def formed_is_used(H: np.ndarray | None) -> bool:
+    """Whether :func:`lambda_max` takes ``λ_max`` from the formed matrix ``H`` alone
+    (it is given and of order at most :data:`~corrtree._config.NTK_DENSE_MATVEC_LIMIT`),
+    so that the fire sets need not be built."""
+    return H is not None and H.shape[0] <= _config.NTK_DENSE_MATVEC_LIMIT
+
+
 def lambda_max(
-    indptr_r: np.ndarray,
-    idx_r: np.ndarray,
+    indptr_r: np.ndarray | None,
+    idx_r: np.ndarray | None,
     G: np.ndarray,
     a: np.ndarray,
     H: np.ndarray | None = None,
@@ -214,16 +221,17 @@ def lambda_max(
     (:func:`top_eigenvalue`, :func:`ntk_matvec`; ``X`` lets it rebuild Gram sums
     from the data when that is cheaper), whether or not ``H`` is given: the sparse
     mat-vec reads far less than ``8·order²`` bytes, and every method then takes
-    the same way.  The result is deterministic for given inputs.
+    the same way.  The result is deterministic for given inputs.  The fire sets are
+    not read (and may be ``None``) when :func:`formed_is_used` of ``H``.
     """
     order = G.shape[0] * a.shape[1]
+    if formed_is_used(H):  # H = 0 exactly when no pair fires
+        return dense_top_eigenvalue(H) if H.any() else 0.0
     if idx_r.shape[0] == 0:
         return 0.0
     if order > _config.NTK_DENSE_MATVEC_LIMIT:  # even when H is given: one way for all
         return top_eigenvalue(order, ntk_matvec(indptr_r, idx_r, G, a, width, X))
-    if H is None:
-        H = ntk_matrix(indptr_r, idx_r, G, a, width)
-    return dense_top_eigenvalue(H)
+    return dense_top_eigenvalue(ntk_matrix(indptr_r, idx_r, G, a, width))
 
 
 def dense_top_eigenvalue(H: np.ndarray) -> float:

@@ -94,7 +94,8 @@ def zeros(size: int, dtype: type) -> np.ndarray:
     """
     dt = np.dtype(dtype)
     nbytes = int(size) * dt.itemsize
-    if nbytes < max(1, _config.POOL_SMALL_PAGES_BYTES) or not hasattr(mmap, "MADV_NOHUGEPAGE"):
+    small = nbytes == 0 or nbytes < _config.POOL_SMALL_PAGES_BYTES
+    if small or not hasattr(mmap, "MADV_NOHUGEPAGE"):
         return np.zeros(size, dtype=dt)
     buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # zero-filled
     buf.madvise(mmap.MADV_NOHUGEPAGE)
