@@ -218,7 +218,7 @@ def eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw):
     ``<x_l, dws> = val_old_l - val_l``, so ``||dws||² = Σ_l dl_l·(val_old_l - val_l)``.
     Both returned bounds cover their rounding.  O(d·|P|).
     """
-    ej, uref, val, cref, clast = pool.j, pool.uref, pool.val, pool.cref, pool.clast
+    ej, cref, clast = pool.j, pool.cref, pool.clast
     dc, dl = scratch[0], scratch[1]
     s0 = seg[r, START]
     end = s0 + seg[r, SUPP]
