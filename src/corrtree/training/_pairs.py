@@ -284,7 +284,7 @@ def eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw):
     return math.sqrt(sq_a + unit * xmax * xmax * l1_a * l1_a) * _ROUND_UP, step
 
 
-@njit(cache=True)
+@njit(cache=True)  # not inline="always": numba's IR inlining of it gave wrong values
 def _new_value(q, p, dot, pool, dl, sq_s, mag):
     """Entry ``q`` (prefix position ``p``) takes the value ``uref - dot``; returns the
     step and rounding sums of :func:`eval_ever_data` with its terms added."""
