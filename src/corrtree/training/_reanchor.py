@@ -11,8 +11,7 @@ by the GEMM's error bound) are then float64 dot products, O(d) each.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, types
-from numba.typed import List
+from numba import njit, prange
 
 from .. import _config
 from ._anchors import (
@@ -29,6 +28,8 @@ from ._pool import BETA, CAP, CNT, LEAF_ERR, NFIRE, SIGMA, SIGMA_UNKNOWN, START,
 __all__ = ["reanchor"]
 
 _DOT_ROWS = _config.DOT_ROWS
+_CHUNKS = _config.EVALUATE_CHUNKS
+_REBUILD_ROWS = _config.REBUILD_ROWS
 
 # float32 GEMMs only for rows whose error bound (about 1e-4·||w_r||·R) stays below
 # this: their products, at most ||w_r||·R, are then far below float32's 3.4e38
@@ -195,7 +196,7 @@ def _set_entry(pool, pos, j, value, kappa, c, on, vel):
         pool.vel[pos] = vel
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def rebuild_entries(rows, old, exact, leaves, tau, leaf_err, seg, pool, a, E, eta_s, b):
     """Re-create the entries of re-anchored neurons from their exact rows.
 
@@ -203,66 +204,89 @@ def rebuild_entries(rows, old, exact, leaves, tau, leaf_err, seg, pool, a, E, et
     coefficient); the other entries are the points where ``leaves[k]``
     (``exact[k]`` up to ``leaf_err[k]``) reaches the lowered threshold.
     A pair whose exact value disagrees with its firing flag is flipped here.
-    Returns the flips as ``(r, j, value, on)`` arrays.
+    Returns the flips as ``(r, j, value, on)`` arrays, in the order of ``rows``
+    and, within a neuron, of position.  Neurons are rebuilt in parallel runs
+    (at most :data:`~corrtree._config.EVALUATE_CHUNKS`, of at least
+    :data:`~corrtree._config.REBUILD_ROWS` neurons): each owns its segments (a grown
+    one is fresh), so the result does not depend on the scheduling.
+    O(n + |entries|) a neuron.
     """
     n = exact.shape[1]
-    out_r = List.empty_list(types.int64)
-    out_j = List.empty_list(types.int64)
-    out_v = List.empty_list(types.float64)
-    out_on = List.empty_list(types.boolean)
-    mark = np.full(n, -1, dtype=np.int64)
-    found = np.empty(n, dtype=np.int64)
-    for k in range(rows.shape[0]):
-        r = rows[k]
-        o_start, ns = old[k, START], old[k, SUPP]
-        # copy the ever-fired pairs out first: the segment may be the same
-        keep_j = pool.j[o_start : o_start + ns].copy()
-        keep_kappa = pool.kappa[o_start : o_start + ns].copy()
-        keep_fire = pool.fire[o_start : o_start + ns].copy()
-        keep_vel = pool.vel[o_start : o_start + ns].copy() if pool.vel.shape[0] else np.zeros(ns)
-        s0 = seg[r, START]
-        pos = s0
-        nfire = 0
-        for p in range(ns):
-            j = keep_j[p]
-            c = keep_kappa[p]
-            if keep_fire[p]:
-                c += eta_s * dot_row(a, r, E, j)
-            _set_entry(pool, pos, j, exact[k, j], keep_kappa[p], c, keep_fire[p], keep_vel[p])
-            nfire += keep_fire[p]
-            mark[j] = r
-            pos += 1
-        thr = query_threshold(tau[k], leaf_err[k])
-        cnt = report_above(leaves[k], thr, found, 0)
-        for f in range(cnt):
-            j = found[f]
-            if mark[j] == r:
-                continue
-            _set_entry(pool, pos, j, exact[k, j], 0.0, 0.0, False, 0.0)
-            pos += 1
-        seg[r, CNT] = pos - s0
-        seg[r, SUPP] = ns
-        seg[r, NFIRE] = nfire
-        # the exact row may reveal pairs that crossed b (in increasing position
-        # order, so that the swaps of flip never move a pair still to visit)
-        for q in range(s0, pos):
-            now = pool.val[q] >= b
-            if now != pool.fire[q]:
-                j = pool.j[q]
-                v = pool.val[q]
-                flip(r, q, seg, pool, a, E, eta_s, now)
-                out_r.append(r)
-                out_j.append(j)
-                out_v.append(v)
-                out_on.append(now)
-    k = len(out_r)
-    fr = np.empty(k, dtype=np.int64)
-    fj = np.empty(k, dtype=np.int64)
-    fv = np.empty(k)
-    fo = np.empty(k, dtype=np.bool_)
-    for i in range(k):
-        fr[i] = out_r[i]
-        fj[i] = out_j[i]
-        fv[i] = out_v[i]
-        fo[i] = out_on[i]
+    nr = rows.shape[0]
+    disagree = np.zeros(nr, dtype=np.int64)
+    runs = max(1, min(nr // _REBUILD_ROWS, _CHUNKS))  # each run allocates O(n) scratch
+    for c in prange(runs):
+        mark = np.full(n, -1, dtype=np.int64)
+        found = np.empty(n, dtype=np.int64)
+        for k in range(c * nr // runs, (c + 1) * nr // runs):
+            disagree[k] = _rebuild_one(
+                k, rows, old, exact, leaves, tau, leaf_err, seg, pool, a, E, eta_s, b, mark, found
+            )
+    at = np.zeros(nr + 1, dtype=np.int64)
+    for k in range(nr):
+        at[k + 1] = at[k] + disagree[k]
+    fr = np.empty(at[nr], dtype=np.int64)
+    fj = np.empty(at[nr], dtype=np.int64)
+    fv = np.empty(at[nr])
+    fo = np.empty(at[nr], dtype=np.bool_)
+    for k in prange(nr):
+        if disagree[k]:
+            _flip_disagreeing(rows[k], seg, pool, a, E, eta_s, b, fr, fj, fv, fo, at[k])
     return fr, fj, fv, fo
+
+
+@njit(cache=True)
+def _rebuild_one(
+    k, rows, old, exact, leaves, tau, leaf_err, seg, pool, a, E, eta_s, b, mark, found
+):
+    """The entries of ``rows[k]`` (:func:`rebuild_entries`); returns how many of them
+    disagree with their firing flag.  ``mark`` and ``found`` are scratch of ``n``."""
+    r = rows[k]
+    o_start, ns = old[k, START], old[k, SUPP]
+    # copy the ever-fired pairs out first: the segment may be the same
+    keep_j = pool.j[o_start : o_start + ns].copy()
+    keep_kappa = pool.kappa[o_start : o_start + ns].copy()
+    keep_fire = pool.fire[o_start : o_start + ns].copy()
+    keep_vel = pool.vel[o_start : o_start + ns].copy() if pool.vel.shape[0] else np.zeros(ns)
+    s0 = seg[r, START]
+    pos = s0
+    nfire = 0
+    for p in range(ns):
+        j = keep_j[p]
+        c = keep_kappa[p]
+        if keep_fire[p]:
+            c += eta_s * dot_row(a, r, E, j)
+        _set_entry(pool, pos, j, exact[k, j], keep_kappa[p], c, keep_fire[p], keep_vel[p])
+        nfire += keep_fire[p]
+        mark[j] = r
+        pos += 1
+    thr = query_threshold(tau[k], leaf_err[k])
+    cnt = report_above(leaves[k], thr, found, 0)
+    for f in range(cnt):
+        j = found[f]
+        if mark[j] == r:
+            continue
+        _set_entry(pool, pos, j, exact[k, j], 0.0, 0.0, False, 0.0)
+        pos += 1
+    seg[r, CNT] = pos - s0
+    seg[r, SUPP] = ns
+    seg[r, NFIRE] = nfire
+    wrong = 0
+    for q in range(s0, pos):
+        wrong += (pool.val[q] >= b) != pool.fire[q]
+    return wrong
+
+
+@njit(cache=True)
+def _flip_disagreeing(r, seg, pool, a, E, eta_s, b, fr, fj, fv, fo, at):
+    """Flip the entries of ``r`` whose exact value disagrees with their flag (pairs
+    that crossed ``b`` unseen), recording them from ``at`` on.  In increasing
+    position order, so that the swaps of :func:`~._pairs.flip` never move a pair
+    still to visit."""
+    s0 = seg[r, START]
+    for q in range(s0, s0 + seg[r, CNT]):
+        now = pool.val[q] >= b
+        if now != pool.fire[q]:
+            fr[at], fj[at], fv[at], fo[at] = r, pool.j[q], pool.val[q], now
+            flip(r, q, seg, pool, a, E, eta_s, now)
+            at += 1
