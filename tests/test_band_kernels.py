@@ -12,21 +12,17 @@ from naive import (
     band_widths,
     coefficients,
     gershgorin_sigma,
-    gradient_descent,
     ntk,
     outputs_from_values,
     products,
-    relu_net_outputs,
     sparse_step,
 )
 
 from corrtree import _config
-from corrtree.model import TwoLayerReLU
-from corrtree.training import _anchors, _pairs, _reanchor
+from corrtree.training import _pairs, _reanchor
 from corrtree.training._anchors import BandState
-from corrtree.training._pool import BETA, CAP, CNT, KEY, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP
+from corrtree.training._pool import BETA, CNT, KEY, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP
 from corrtree.training._reanchor import reanchor
-from corrtree.training._registry import TRAINERS
 from corrtree.training._sparse import keys_to_csr, stepped_rows
 from corrtree.training.kernel import apply_flips, screen
 
@@ -115,91 +111,6 @@ def test_anchors_hold_the_band_and_exact_values(gemm, anchor, exponent, monkeypa
         assert sorted(j[:supp]) == sorted(np.flatnonzero(U[r] >= st.b))
         assert pool.fire[s0 : s0 + supp].all() and not pool.fire[s0 + supp : s0 + cnt].any()
         assert st.seg[r, NFIRE] == supp
-
-
-@pytest.mark.parametrize(("gemm", "anchor"), [("float64", "float64"), ("float32", "float32")])
-@pytest.mark.parametrize("share", [0.0, 1.0])  # the pool laid out anew; segments grown in place
-def test_widen_bands_takes_any_widths_from_the_reserve(gemm, anchor, share, monkeypatch):
-    monkeypatch.setattr(_config, "RELAYOUT_SHARE", share)
-    rng = np.random.default_rng(11)
-    X = rng.standard_normal((40, 5))
-    X /= np.linalg.norm(X, axis=1, keepdims=True)
-    W0 = rng.standard_normal((50, 5))
-    a = rng.choice([-1.0, 1.0], size=(50, 2))
-    st = BandState(W0, X, X @ X.T, a, 0.6, BAND, anchor, gemm)
-    U = products(X, W0)
-    setup = st.nf[:, BETA].copy()
-    beta = np.maximum(setup, rng.uniform(0.0, st.widest, st.m))
-    beta[:3] = st.widest  # the widest band is reserved in full
-    for r in range(3, 13):  # a reserved product just inside the new band
-        below = U[r][(U[r] < st.b - setup[r] - 1e-3) & (U[r] > st.b - st.widest + 1e-3)]
-        beta[r] = st.b - below.max() + 1e-4
-    with pytest.raises(ValueError, match="beta"):
-        st.widen_bands(np.full(st.m, st.widest * 1.01))
-    with pytest.raises(ValueError, match="beta"):
-        st.widen_bands(setup / 2)  # narrower than at set-up
-    assert st.widen_bands(beta) == int((beta > setup).sum()) > st.m // 4
-    pool = st.pool.arrays
-    np.testing.assert_array_equal(st.nf[:, BETA], beta)
-    for r in range(st.m):
-        s0, cnt, supp = st.seg[r, START], st.seg[r, CNT], st.seg[r, SUPP]
-        j = pool.j[s0 : s0 + cnt]
-        assert sorted(j) == sorted(np.flatnonzero(U[r] >= st.b - beta[r]))
-        np.testing.assert_allclose(pool.uref[s0 : s0 + cnt], U[r, j], rtol=0, atol=1e-13)
-        np.testing.assert_array_equal(pool.val[s0 : s0 + cnt], pool.uref[s0 : s0 + cnt])
-        assert sorted(j[:supp]) == sorted(np.flatnonzero(U[r] >= st.b))
-        assert pool.fire[s0 : s0 + supp].all() and not pool.fire[s0 + supp : s0 + cnt].any()
-        assert st.seg[r, NFIRE] == supp and cnt <= st.seg[r, CAP]
-    order = np.argsort(st.seg[:, START])
-    ends = st.seg[order, START] + st.seg[order, CAP]
-    assert (ends[:-1] <= st.seg[order[1:], START]).all()  # no two segments overlap
-    assert (order == np.arange(st.m)).all() == (share == 0.0)  # anew: neuron after neuron
-    with pytest.raises(RuntimeError, match="already"):
-        st.widen_bands(beta)
-
-
-@pytest.mark.parametrize("scatter", [0.0, 1e9])  # Gram quadratic forms; the data
-def test_first_steps_are_the_gradient_rows(scatter):
-    st, rng = _state(12)
-    err = rng.standard_normal((st.n, st.K))
-    got = _anchors.first_steps(st.seg, st.pool.arrays, st.a, err, st.X, st.G, scatter)
-    F = products(st.X, st.W0) >= st.b
-    rows = (F * (st.a @ err.T)) @ st.X  # Σ_l F_rl <a_r, err_l> x_l
-    np.testing.assert_allclose(got, np.linalg.norm(rows, axis=1), rtol=1e-12, atol=1e-14)
-    assert (got > 0).sum() > st.m // 2
-
-
-@pytest.mark.parametrize("method", ["lazy", "kernel"])
-def test_bands_cover_the_drift_predicted_from_the_first_step(method, monkeypatch):
-    monkeypatch.setattr(_config, "BAND_DRIFT_MARGIN", 3.0)  # so that some bands widen
-    rng = np.random.default_rng(13)
-    n, d, m = 40, 6, 300
-    X = rng.standard_normal((n, d))
-    X /= np.linalg.norm(X, axis=1, keepdims=True)
-    Y = rng.standard_normal((n, 1))
-    model = TwoLayerReLU.init(d=d, m=m, outputs=1, seed=5)
-    trainer = TRAINERS[method](model, X, Y, X @ X.T, "auto", band=0.1)
-    st = trainer.store
-    # the first dense step of each neuron, and the linearized contraction of the error
-    W1, _ = gradient_descent(model.W, model.output_weights, model.b, X, Y, trainer.lr, 1)
-    step = np.linalg.norm(W1 - model.W, axis=1)
-    F = products(X, model.W) >= model.b
-    a = model.output_weights.reshape(m, 1)
-    err = relu_net_outputs(model.W, a, model.b, X) - Y
-    H = ntk(F, X @ X.T, a)
-    rho = np.linalg.norm(err.ravel() - trainer.lr * H @ err.ravel()) / np.linalg.norm(err)
-    horizon = min(1 / (1 - rho), _config.BAND_HORIZON_MAX) if rho < 1 else 4.0
-    # lazy: ρ from the float32 sparse mat-vec (relative error about d·2⁻²⁴)
-    np.testing.assert_allclose(trainer.predicted_drift(), horizon * step, rtol=1e-6, atol=1e-15)
-    setup = band_widths(products(X, model.W), model.b, 0.1, _config.BAND_FIRE_EXPONENT)
-    want = np.clip(np.maximum(setup, 3.0 * horizon * step), None, st.widest)
-    np.testing.assert_allclose(st.nf[:, BETA], want, rtol=1e-6)
-    widened = int((want > setup * (1 + 1e-6)).sum())
-    assert 0 < widened < m and trainer.info["widened_bands"] == widened
-    assert (st.nf[:, BETA] == st.widest).any()  # some reach the widest band
-    U = products(X, model.W)
-    for r in range(m):
-        assert sorted(_entries(st, r)) == sorted(np.flatnonzero(U[r] >= model.b - want[r]))
 
 
 def test_eval_ever_gives_current_products_and_distance():

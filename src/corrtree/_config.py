@@ -97,20 +97,6 @@ BAND = 0.55
 #: Each neuron's band half-width is ``BAND·(f_r / mean f)^this`` at set-up, ``f_r`` its
 #: number of firing points (:func:`~corrtree.training._anchors.band_widths`).
 BAND_FIRE_EXPONENT = 0.5
-#: No band is wider than this many times ``band``: the set-up reserves the products
-#: down to ``b - BAND_WIDEST·band`` for the bands chosen once ``lr`` is known.
-BAND_WIDEST = 2.0
-#: Once ``lr`` is known, a neuron's band covers its predicted drift, this many times
-#: (the drift bound's slack over the distance moved)
-#: (:meth:`~corrtree.training.band.BandTrainer.predicted_drift`).
-BAND_DRIFT_MARGIN = 1.1
-#: The predicted drift is the first step times ``1/(1 - ρ)``, ``ρ`` the first step's
-#: contraction of ``||err||``, at most this: the later steps of a slow run are not
-#: foreseen (its neurons are re-anchored as before).
-BAND_HORIZON_MAX = 4.0
-#: Widening more than this share of the neurons lays the pool out anew rather than
-#: leaving their old segments as holes (``BandState.widen_bands``).
-RELAYOUT_SHARE = 0.125
 
 #: Neurons are summed in this many fixed chunks by the forward pass, so that the
 #: outputs do not depend on thread scheduling.

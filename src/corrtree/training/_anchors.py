@@ -9,13 +9,6 @@ Anchors (``docs/design.md``, "Anchors and bands")
     (``V``), for re-anchoring by the Gram identity; float32 rows are scanned
     and dropped, and re-anchoring recomputes them from ``w_r(t)``.
 
-Bands chosen with the learning rate
-    At set-up ``β_r`` is not final: how far a neuron moves depends on ``lr``,
-    known only once the fire sets gave ``λ_max``.  The set-up scan therefore
-    makes only the pairs at ``b`` entries and *reserves* the products down to
-    ``b - widest`` (points and values, O(1) bytes each); :meth:`BandState.fill_bands`
-    then makes each neuron's band from its reserve (``BandTrainer._start``).
-
 Certificate
     ``|U[r, j](t) - U[r, j](t')| <= ||w_r(t) - w_r(t')|| · ||x_j||``: a pair
     that is not an entry cannot fire while the drift since the anchor stays
@@ -31,8 +24,8 @@ import numpy as np
 from numba import njit, prange
 
 from .. import _config
-from ._pairs import by_data, dot_row, firing_csr, materialize
-from ._pool import BETA, CAP, CNT, LEAF_ERR, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP, Pool
+from ._pairs import firing_csr, materialize
+from ._pool import BETA, CNT, LEAF_ERR, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP, Pool
 
 __all__ = [
     "BandState",
@@ -45,7 +38,6 @@ __all__ = [
 
 _FLOAT32_MARGIN = _config.FLOAT32_QUERY_MARGIN
 _DOT_ROWS = _config.DOT_ROWS
-_CHUNKS = _config.EVALUATE_CHUNKS
 
 
 @njit(cache=True)
@@ -106,17 +98,6 @@ def count_candidates(U, tau, leaf_err):
     return out
 
 
-def band_widths(fires: np.ndarray, band: float, mean_fire: float) -> np.ndarray:
-    """Half-width of each fresh anchor's band:
-    ``β_r = band·(f_r / mean_fire)^e`` (``e`` = :data:`~corrtree._config.BAND_FIRE_EXPONENT`,
-    ``f_r = max(fires[r], 1)``) within ``[band/2, BAND_WIDEST·band]``.  A neuron firing on more
-    points moves more per step (its step sums more errors): it gets room for that
-    instead of a re-anchoring.  Any ``β_r > 0`` is exact; the counts may come from
-    float32 rows."""
-    w = band * (np.maximum(fires, 1) / mean_fire) ** _config.BAND_FIRE_EXPONENT
-    return np.clip(w, 0.5 * band, _config.BAND_WIDEST * band)
-
-
 @njit(cache=True, parallel=True)
 def fire_counts(U, b):
     """Number of products of each row ``U[k]`` at or above ``b``.  O(n) a row."""
@@ -129,59 +110,40 @@ def fire_counts(U, b):
     return out
 
 
-@njit(cache=True, parallel=True)
-def count_set_up(U, tau, low, leaf_err):
-    """For each row ``U[k]`` of a set-up block: how many products reach the query
-    threshold of ``tau[k]`` (its entries) and how many lie between the query
-    thresholds of ``low`` and ``tau[k]`` (its reserve).  One pass, O(n) a row."""
-    nr = U.shape[0]
-    at_tau = np.empty(nr, dtype=np.int64)
-    kept = np.empty(nr, dtype=np.int64)
-    for k in prange(nr):
-        hi = query_threshold(tau[k], leaf_err[k])
-        lo = query_threshold(low, leaf_err[k])
-        c = e = 0
-        for j in range(U.shape[1]):
-            v = U[k, j]
-            c += v >= hi
-            e += lo <= v < hi
-        at_tau[k], kept[k] = c, e
-    return at_tau, kept
+def band_widths(fires: np.ndarray, band: float, mean_fire: float) -> np.ndarray:
+    """Half-width of each fresh anchor's band:
+    ``β_r = band·(f_r / mean_fire)^e`` (``e`` = :data:`~corrtree._config.BAND_FIRE_EXPONENT`,
+    ``f_r = max(fires[r], 1)``) within ``[band/2, 2·band]``.  A neuron firing on more
+    points moves more per step (its step sums more errors): it gets room for that
+    instead of a re-anchoring.  Any ``β_r > 0`` is exact; the counts may come from
+    float32 rows."""
+    w = band * (np.maximum(fires, 1) / mean_fire) ** _config.BAND_FIRE_EXPONENT
+    return np.clip(w, 0.5 * band, 2.0 * band)
 
 
 @njit(cache=True, parallel=True)
-def fill_set_up(U, rows, fires, tau, leaf_err, seg, pool, b, low, ptr, rj, rv):
-    """Write the set-up entries of freshly anchored ``rows`` (no ever-fired pairs
-    yet) and their reserves, counted by :func:`count_set_up`, in one pass a row.
+def fill_new_anchors(U, rows, tau, leaf_err, seg, pool, b):
+    """Write the entries of freshly anchored neurons ``rows`` (no ever-fired pairs yet).
 
     ``U[k]`` is the anchored row of ``rows[k]``, erring by at most
-    ``leaf_err[k]``, with ``fires[k]`` products ``>= b``; segments must already
-    be placed with enough capacity.  The entries are the products at the query
-    threshold of ``tau[k]``, the firing ones first (they form the ever-fired
-    prefix); the reserve, the products down to the query threshold of ``low``,
-    goes to ``rj``/``rv`` from ``ptr[k]`` on.
+    ``leaf_err[k]``; segments must already be placed with enough capacity.
+    Firing pairs come first: they form the ever-fired prefix.
     """
     # numba does not write through a namedtuple's fields inside prange: bind them first
     ej, uref, val, key, kappa, cref, fire, clast, vel = pool
+    n = U.shape[1]
     for k in prange(rows.shape[0]):
         r = rows[k]
-        hi = query_threshold(tau[k], leaf_err[k])
-        lo = query_threshold(low, leaf_err[k])
+        thr = query_threshold(tau[k], leaf_err[k])  # below b: tau = b - β
         s0 = seg[r, START]
-        pf, pb, pr = s0, s0 + fires[k], ptr[k]
-        for j in range(U.shape[1]):
-            v = U[k, j]
-            if v >= b:
-                ej[pf] = j
-                pf += 1
-            elif v >= hi:
-                ej[pb] = j
-                pb += 1
-            elif v >= lo:
-                rj[pr] = j
-                rv[pr] = v
-                pr += 1
-        for q in range(s0, pb):
+        pos = report_above(U[k], b, ej, s0)
+        nfire = pos - s0
+        for j in range(n):
+            if thr <= U[k, j] < b:
+                ej[pos] = j
+                pos += 1
+        cnt = pos - s0
+        for q in range(s0, pos):
             v = U[k, ej[q]]
             uref[q] = v
             val[q] = v
@@ -192,9 +154,9 @@ def fill_set_up(U, rows, fires, tau, leaf_err, seg, pool, b, low, ptr, rj, rv):
             if vel.shape[0]:
                 vel[q] = 0.0
             fire[q] = v >= b
-        seg[r, CNT] = pb - s0
-        seg[r, SUPP] = fires[k]
-        seg[r, NFIRE] = fires[k]
+        seg[r, CNT] = cnt
+        seg[r, SUPP] = nfire
+        seg[r, NFIRE] = nfire
 
 
 @njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
@@ -224,9 +186,8 @@ def pair_dots(W, wi, X, xj, out):
 
 
 @njit(cache=True, parallel=True, fastmath={"reassoc", "contract"})
-def exact_entries_from_w(W, X, rows, first, seg, pool):
-    """Recompute ``uref`` and ``val`` of the entries of ``rows[k]`` from the
-    ``first[k]``-th of its segment on as float64 dot products,
+def exact_entries_from_w(W, X, rows, seg, pool):
+    """Recompute ``uref`` and ``val`` of the entries of ``rows`` as float64 dot products,
     :data:`~corrtree._config.DOT_ROWS` neurons at a time (:func:`pair_dots`)."""
     ej, uref, val = pool.j, pool.uref, pool.val
     nr = rows.shape[0]
@@ -234,13 +195,13 @@ def exact_entries_from_w(W, X, rows, first, seg, pool):
         lo, hi = c * _DOT_ROWS, min((c + 1) * _DOT_ROWS, nr)
         total = 0
         for k in range(lo, hi):
-            total += seg[rows[k], CNT] - first[k]
+            total += seg[rows[k], CNT]
         wi = np.empty(total, dtype=np.int64)
         qs = np.empty(total, dtype=np.int64)
         p = 0
         for k in range(lo, hi):
             s0 = seg[rows[k], START]
-            for q in range(s0 + first[k], s0 + seg[rows[k], CNT]):
+            for q in range(s0, s0 + seg[rows[k], CNT]):
                 wi[p] = rows[k]
                 qs[p] = q
                 p += 1
@@ -249,96 +210,6 @@ def exact_entries_from_w(W, X, rows, first, seg, pool):
         for p in range(total):
             uref[qs[p]] = out[p]
             val[qs[p]] = out[p]
-
-
-@njit(cache=True, parallel=True)
-def count_reserve(rows, first, ptr, rv, tau, leaf_err):
-    """How many reserved products of ``r = rows[k]`` (``rv[ptr[i]:ptr[i+1]]``,
-    ``i = r - first``: the reserve of a block whose rows start at ``first``) reach
-    the query threshold of ``tau[k]``."""
-    out = np.empty(rows.shape[0], dtype=np.int64)
-    for k in prange(rows.shape[0]):
-        thr = query_threshold(tau[k], leaf_err[k])
-        i = rows[k] - first
-        c = 0
-        for p in range(ptr[i], ptr[i + 1]):
-            c += rv[p] >= thr
-        out[k] = c
-    return out
-
-
-@njit(cache=True, parallel=True)
-def move_and_extend(rows, first, old_seg, old, seg, pool, ptr, rj, rv, tau, leaf_err):
-    """Copy the entries of ``rows[k]`` from its ``old_seg`` segment of ``old`` to its
-    segment of ``pool`` (large enough; the same place is a no-op), then append its
-    reserved products that reach the query threshold of ``tau[k]`` as non-firing
-    entries (``first``, ``ptr``, ``rj``, ``rv`` as in :func:`count_reserve`; the
-    reserve lies below the set-up band, so below ``b``).  At the set-up anchor every
-    key and coefficient is zero, as are fresh places of a pool: only points, values
-    and flags move."""
-    # numba does not write through a namedtuple's fields inside prange: bind them first
-    ej, uref, val, fire = pool.j, pool.uref, pool.val, pool.fire
-    for k in prange(rows.shape[0]):
-        r = rows[k]
-        src, cnt = old_seg[r, START], old_seg[r, CNT]
-        dst = seg[r, START]
-        for i in range(cnt):
-            ej[dst + i] = old.j[src + i]
-            uref[dst + i] = old.uref[src + i]
-            val[dst + i] = old.val[src + i]
-            fire[dst + i] = old.fire[src + i]
-        thr = query_threshold(tau[k], leaf_err[k])
-        pos = dst + cnt
-        i = r - first
-        for p in range(ptr[i], ptr[i + 1]):
-            if rv[p] >= thr:
-                ej[pos] = rj[p]
-                uref[pos] = rv[p]
-                val[pos] = rv[p]
-                pos += 1
-        seg[r, CNT] = pos - dst
-
-
-@njit(cache=True, parallel=True, fastmath={"reassoc", "contract"})
-def first_steps(seg, pool, a, err, X, G, scatter):
-    """``||Σ_{l ∈ S_r} <a_r, err_l>·x_l||`` for every neuron ``r``, ``S_r`` its fire set:
-    its first step, over ``η/sqrt(m)``.  From the data (O(d·|S_r|)) or as the
-    quadratic form over ``G[S_r, S_r]`` (O(|S_r|²) scattered reads), whichever
-    costs less (:func:`~._pairs.by_data`).  Only chooses band widths: vectorized
-    sums, no rounding bound."""
-    m, d = seg.shape[0], X.shape[1]
-    out = np.zeros(m)
-    runs = min(m, _CHUNKS)
-    for c in prange(runs):
-        v = np.empty(d)
-        cs = np.empty(0)
-        for r in range(c * m // runs, (c + 1) * m // runs):
-            s0, ns = seg[r, START], seg[r, SUPP]
-            if ns == 0:
-                continue
-            if cs.shape[0] < ns:
-                cs = np.empty(2 * ns)
-            for p in range(ns):
-                q = s0 + p
-                cs[p] = dot_row(a, r, err, pool.j[q]) if pool.fire[q] else 0.0
-            sq = 0.0
-            if by_data(d, ns, scatter):
-                v[:] = 0.0
-                for p in range(ns):
-                    row = pool.j[s0 + p]
-                    for t in range(d):
-                        v[t] += cs[p] * X[row, t]
-                for t in range(d):
-                    sq += v[t] * v[t]
-            else:
-                for p in range(ns):
-                    jp = pool.j[s0 + p]
-                    inner = 0.0
-                    for p2 in range(ns):
-                        inner += cs[p2] * G[jp, pool.j[s0 + p2]]
-                    sq += cs[p] * inner
-            out[r] = math.sqrt(max(sq, 0.0))
-    return out
 
 
 @njit(cache=True, parallel=True)
@@ -392,11 +263,10 @@ class BandState:
     Notes
     -----
     Preprocessing: one GEMM (O(nmd), in blocks of
-    :data:`~corrtree._config.ANCHOR_BLOCK_BYTES`), four scans of each block as
+    :data:`~corrtree._config.ANCHOR_BLOCK_BYTES`), two scans of each block as
     it is made (O(nm)) and, after a float32
-    GEMM, a float64 dot product per entry (O(d·entries)); :meth:`fill_bands`
-    once.  Memory: ~61 bytes per entry, plus ``8·n·m`` for float64 anchored
-    rows, plus 8–12 bytes per reserved product until :meth:`fill_bands`.
+    GEMM, a float64 dot product per entry (O(d·entries)).  Memory: ~61 bytes
+    per entry, plus ``8·n·m`` for float64 anchored rows.
     """
 
     def __init__(self, W0, X, G, a, b, band, anchor_dtype="float64", gemm_dtype="float64"):
@@ -415,8 +285,6 @@ class BandState:
         self.W0, self.X, self.G, self.a, self.b = W0, X, G, a, float(b)
         self.m, self.n, self.K = W0.shape[0], X.shape[0], a.shape[1]
         self.band = float(band)
-        self.widest = _config.BAND_WIDEST * self.band
-        self._reserve: list[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]] | None = None
         self.xnorm = np.sqrt(np.einsum("ij,ij->i", X, X))
         self.R = float(self.xnorm.max())
         self._x32: np.ndarray | None = None
@@ -475,8 +343,7 @@ class BandState:
         # re-anchoring reuses these blocks (memory already touched): same names
         name = "leaves" if gemm32 else "exact_rows"
         buf = None if keep else self.buffer(name, (rows_in_block, self.n), dtype)
-        low = self.b - self.widest  # the reserve: products down to b - widest
-        self._reserve = []
+        tau = np.empty(rows_in_block)
         mean_fire = 0.0
         for s in range(0, m, block):
             e = min(s + block, m)
@@ -494,85 +361,16 @@ class BandState:
             if s == 0:  # the mean fire count of the first block sets the scale
                 mean_fire = max(1.0, float(fires.mean()))
             self.nf[s:e, BETA] = band_widths(fires, self.band, mean_fire)
-            tau = self.b - self.nf[s:e, BETA]
-            counts, kept = count_set_up(U, tau, low, leaf_err)
+            tau[: e - s] = self.b - self.nf[s:e, BETA]
+            counts = count_candidates(U, tau[: e - s], leaf_err)
             if s == 0:  # size the pool from the first block, with a margin
                 per = (counts.sum() + _config.SEGMENT_SLACK_ADD * rows.shape[0]) / rows.shape[0]
                 self.pool.reserve(int(_config.POOL_FIRST_BLOCK_MARGIN * per * m))
             self.pool.place(self.seg, rows, counts)
-            ptr = np.zeros(e - s + 1, dtype=np.int64)
-            np.cumsum(kept, out=ptr[1:])
-            rj = np.empty(ptr[-1], dtype=np.int32)
-            rv = np.empty(ptr[-1], dtype=U.dtype)
-            pool = self.pool.arrays
-            fill_set_up(U, rows, fires, tau, leaf_err, self.seg, pool, self.b, low, ptr, rj, rv)
-            self._reserve.append((s, e, ptr, rj, rv))
+            fill_new_anchors(U, rows, tau[: e - s], leaf_err, self.seg, self.pool.arrays, self.b)
             if gemm32:  # the float32 values only chose the entries: recompute them
-                exact_entries_from_w(W0, X, rows, np.zeros_like(rows), self.seg, pool)
-                reorder_after_exact(rows, self.seg, pool, self.b)
-
-    def widen_bands(self, beta: np.ndarray) -> int:
-        """Widen the band of every neuron ``r`` to half-width ``beta[r]`` (at least its
-        set-up width, at most :attr:`widest`) at its set-up anchor, once; returns how
-        many neurons widened.  Their new entries are their reserved products down to
-        ``b - beta[r]`` (widened by their error bound), with exact values, appended
-        in place or in a fresh segment; when more than
-        :data:`~corrtree._config.RELAYOUT_SHARE` of the neurons widen, the pool is
-        laid out anew, neuron after neuron, instead of leaving the old segments as
-        holes.  The reserve is dropped.  O(reserve + d·(new entries) after a float32
-        GEMM, + entries when laid out anew)."""
-        if self._reserve is None:
-            raise RuntimeError("the bands were already widened")
-        beta = np.asarray(beta, dtype=np.float64)
-        if (
-            beta.shape != (self.m,)
-            or not ((beta >= self.nf[:, BETA]) & (beta <= self.widest)).all()
-        ):
-            raise ValueError(
-                f"beta must hold {self.m} half-widths from the set-up ones to {self.widest}"
-            )
-        reserve, self._reserve = self._reserve, None
-        wide = np.flatnonzero(beta > self.nf[:, BETA])
-        if wide.shape[0] == 0:
-            return 0
-        anew = wide.shape[0] > _config.RELAYOUT_SHARE * self.m
-        rows = np.arange(self.m, dtype=np.int64) if anew else wide
-        old_seg, old = self.seg.copy(), self.pool.arrays
-        leaf_err, tau = self.nf[:, LEAF_ERR], self.b - beta
-        parts = [(s, rows[(rows >= s) & (rows < e)], ptr, rj, rv) for s, e, ptr, rj, rv in reserve]
-        need = old_seg[rows, CNT].copy()
-        at = 0
-        for s, part, ptr, _, rv in parts:
-            need[at : at + part.shape[0]] += count_reserve(
-                part, s, ptr, rv, tau[part], leaf_err[part]
-            )
-            at += part.shape[0]
-        if anew:
-            self.pool = Pool(0)
-            self.pool.place(self.seg, rows, need)
-        else:
-            grow = need > old_seg[rows, CAP]
-            self.pool.place(self.seg, rows[grow], need[grow])
-        for s, part, ptr, rj, rv in parts:
-            move_and_extend(
-                part,
-                s,
-                old_seg,
-                old,
-                self.seg,
-                self.pool.arrays,
-                ptr,
-                rj,
-                rv,
-                tau[part],
-                leaf_err[part],
-            )
-        if (leaf_err > 0).any():  # reserved float32 products: their exact values
-            exact_entries_from_w(
-                self.W0, self.X, rows, old_seg[rows, CNT], self.seg, self.pool.arrays
-            )
-        self.nf[wide, BETA] = beta[wide]
-        return int(wide.shape[0])
+                exact_entries_from_w(W0, X, rows, self.seg, self.pool.arrays)
+                reorder_after_exact(rows, self.seg, self.pool.arrays, self.b)
 
     @property
     def nbytes(self) -> int:

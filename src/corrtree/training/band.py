@@ -13,9 +13,8 @@ from numba import njit, prange
 
 from .. import _config
 from .._validation import available_memory
-from ._anchors import BandState, first_steps
+from ._anchors import BandState
 from ._base import Trainer
-from ._ntk import ntk_matvec
 from ._pairs import (
     by_data,
     dot_row,
@@ -324,9 +323,7 @@ class BandTrainer(Trainer):
         :data:`~corrtree._config.BAND`), the re-anchoring budget: a larger band
         tracks more pairs and re-anchors less often.  Each neuron's half-width is
         ``β`` scaled by the square root of its fire count over the mean, within
-        ``[β/2, 2β]`` (:func:`~._anchors.band_widths`), and, once ``lr`` is known,
-        widened to cover the neuron's predicted drift, up to ``BAND_WIDEST·β``
-        (:meth:`_start`).
+        ``[β/2, 2β]`` (:func:`~._anchors.band_widths`).
     anchor_dtype : {"float64", "float32"}, optional
         Storage of the anchored products (default :func:`choose_storage`).
         Leaves carry their rounding error into every query, so both give the
@@ -367,50 +364,6 @@ class BandTrainer(Trainer):
         self.cert = float(_certificate_scale)
         self.evaluated = 0  # pairs computed exactly since the last History row
         self.info.update(band=band, anchor_dtype=str(np.dtype(anchor_dtype)), gemm_dtype=gemm_dtype)
-
-    def _start(self) -> None:
-        """Each neuron's band, now that ``lr`` sets how far it will move: its set-up
-        width, or its :meth:`predicted_drift` (times
-        :data:`~corrtree._config.BAND_DRIFT_MARGIN`, in units of ``R·||w||`` like the
-        band) where that is larger, at most :attr:`~._anchors.BandState.widest`.  A
-        band that holds the drift of the whole run spares the neuron a re-anchoring
-        (a row of ``n·d`` products).  A shard keeps its set-up widths: its outputs
-        are a share of ``u``, so it cannot tell the error.  Any width is exact."""
-        st = self.store
-        beta = st.nf[:, BETA].copy()
-        if self.width == self.m:
-            want = _config.BAND_DRIFT_MARGIN * st.R * self.predicted_drift()
-            beta = np.minimum(np.maximum(beta, want), st.widest)
-        self.info["widened_bands"] = st.widen_bands(beta)
-
-    def predicted_drift(self) -> np.ndarray:
-        """How far each neuron will move over the run, predicted from the first step.
-
-        The first step of ``r`` is ``η/sqrt(m)·||Σ_{l ∈ S_r} <a_r, err_l>·x_l||``
-        (:func:`~._anchors.first_steps`).  If ``||err||`` shrinks by the factor
-        ``ρ = ||err - η H err|| / ||err||`` of the first step (the NTK ``H`` of the
-        set-up fire sets, one mat-vec), every step, the steps sum to the first over
-        ``1 - ρ``; that factor is capped at
-        :data:`~corrtree._config.BAND_HORIZON_MAX`.  Used only to choose bands.
-        O(Σ_r min(d·k̃_r, k̃_r²)) and one NTK mat-vec.
-        """
-        st = self.store
-        err = self._loss(self.u)[0]
-        norm = float(np.linalg.norm(err))
-        if not (norm > 0 and self.lr > 0):
-            return np.zeros(self.m)
-        flat = err.ravel()
-        H = self.ntk()
-        if H is None:
-            H_err = ntk_matvec(*st.firing_csr(), self.G, self.a, self.width, self.X)(flat)
-        else:
-            H_err = H @ flat
-        rho = float(np.linalg.norm(flat - self.lr * H_err)) / norm
-        cap = _config.BAND_HORIZON_MAX
-        horizon = 1.0 / (1.0 - rho) if rho < 1.0 - 1.0 / cap else cap
-        scatter = _config.scatter_cost(st.n)
-        steps = first_steps(st.seg, st.pool.arrays, self.a, err, self.X, self.G, scatter)
-        return self.eta_s * horizon * steps
 
     def initial_fire_sets(self) -> tuple[np.ndarray, np.ndarray]:
         return self.store.firing_csr()

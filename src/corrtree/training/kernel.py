@@ -276,10 +276,7 @@ class KernelTrainer(BandTrainer):
         )
 
     def _start(self) -> None:
-        """Every neuron gets its band and first key, once the learning rate sets the
-        drift rate."""
-        super()._start()
-        self._count()
+        """Every neuron gets its first key, once the learning rate sets the drift rate."""
         st = self.store
         every = np.arange(self.m)
         self._anchor_keys(every)

@@ -46,12 +46,9 @@ class LazyTrainer(BandTrainer):
 
     def _prepare(self, W0: np.ndarray, **options: Any) -> None:
         super()._prepare(W0, **options)
-        self.moved = self.store.firing_neurons()
-
-    def _start(self) -> None:
-        super()._start()
         st = self.store
         refresh_keys(np.arange(self.m), st.seg, st.nf, st.pool.arrays, st.xnorm, st.b)
+        self.moved = st.firing_neurons()
 
     def _restore(self, W0, arrays, scalars, sizes) -> None:
         super()._restore(W0, arrays, scalars, sizes)
