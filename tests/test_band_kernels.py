@@ -302,11 +302,12 @@ def test_weights_forward_and_firing_csr_against_brute_force():
     ],
 )
 @pytest.mark.parametrize("block_bytes", [64 * 2**20, 1])  # one block, or a row per block
-def test_reanchor_recomputes_rows_and_bands(gemm, anchor, gain, safe, block_bytes, monkeypatch):
+@pytest.mark.parametrize("m", [60, 600])  # 200 rows in one block: rebuilt in parallel runs
+def test_reanchor_recomputes_rows_and_bands(gemm, anchor, gain, safe, block_bytes, m, monkeypatch):
     monkeypatch.setattr(_reanchor, "_FLOAT32_SAFE_ERROR", safe)
     monkeypatch.setattr(_config, "REANCHOR_GEMM_GAIN", gain)
     monkeypatch.setattr(_config, "REANCHOR_BLOCK_BYTES", block_bytes)
-    st, rng = _state(6, gemm=gemm, anchor=anchor)
+    st, rng = _state(6, m=m, gemm=gemm, anchor=anchor)
     eta_s = _perturb(st, rng, scale=0.2)
     C = coefficients(st.seg, st.pool.arrays, st.a, st.E, eta_s, st.m, st.n)
     U = products(st.X, st.W0 - C @ st.X)
