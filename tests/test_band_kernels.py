@@ -21,10 +21,17 @@ from naive import (
 from corrtree import _config
 from corrtree.training import _pairs, _reanchor
 from corrtree.training._anchors import BandState
-from corrtree.training._pool import BETA, CNT, KEY, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP
+from corrtree.training._pool import (
+    BETA,
+    CNT,
+    DRIFT,
+    NFIRE,
+    START,
+    SUPP,
+)
 from corrtree.training._reanchor import reanchor
 from corrtree.training._sparse import keys_to_csr, stepped_rows
-from corrtree.training.kernel import apply_flips, screen
+from corrtree.training.kernel import apply_flips, principal_parts, visit_rows
 
 BAND = 0.4
 
@@ -82,6 +89,11 @@ def _evaluate(st, r, scratch, eta_s, f_j, f_v, f_on, scatter=0.0):
 def _entries(st, r):
     s0, cnt = st.seg[r, START], st.seg[r, CNT]
     return st.pool.arrays.j[s0 : s0 + cnt]
+
+
+def _values(st, r):
+    s0, cnt = st.seg[r, START], st.seg[r, CNT]
+    return zip(_entries(st, r).tolist(), st.pool.arrays.val[s0 : s0 + cnt].tolist(), strict=True)
 
 
 def _fires(st, r, j):
@@ -230,44 +242,80 @@ def test_evaluate_neuron_flips_exactly_the_crossed_pairs(scatter):
     assert total > 0  # the coefficients moved some pairs across b
 
 
-@pytest.mark.parametrize("scatter", [0.0, 1e9])  # last evaluation from G, or from the data
-def test_screen_bounds_the_move_since_the_last_evaluation(scatter):
-    """A popped neuron is screened out only when its exact move since its last
-    evaluation is below its room; its new key keeps the rest of the room."""
-    st, rng = _state(10)
+def _visit(st, rows, eta_s, parts, anchor_drift, full, gram_cost):
+    """:func:`visit_rows` on ``rows`` with flip records; ``R = 1``, ``P = 0``."""
+    n = rows.shape[0]
+    fbuf = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(st.seg[rows, CNT], out=fbuf[1:])
+    f_j = np.zeros(fbuf[-1], dtype=np.int32)
+    f_v, f_on = np.zeros(fbuf[-1]), np.zeros(fbuf[-1], dtype=np.bool_)
+    nflips, nevals = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    again = np.zeros(n, dtype=np.bool_)
+    visit_rows(
+        rows, st.seg, st.nf, st.pool.arrays, st.a, st.E, st.G, st.X, st.xnorm, parts, eta_s,
+        st.b, 1.0, 1.0, 0.0, gram_cost, anchor_drift, full, 0.0, 0.4, fbuf, f_j, f_v, f_on,
+        nflips, nevals, again,
+    )  # fmt: skip
+    return nflips, nevals, again
+
+
+@pytest.mark.parametrize("gram_cost", [0.0, 1e9])  # due values from G, or from the data
+@pytest.mark.parametrize("rank", [1, 6])  # the move bound's principal part: partial, exact
+def test_visit_finds_every_crossing_and_evaluates_fewer(gram_cost, rank):
+    """After each small step, a visit leaves every tracked pair's fire flag equal to the
+    brute-force ``U >= b``, with exact values where it evaluated, a drift that grew by
+    at least the neuron's true move, and fewer values computed than there are entries."""
+    st, rng = _state(11, n=40, m=80)
     eta_s = _perturb(st, rng, scale=0.2)
+    st.nf[:, BETA] = 1e9  # no re-anchoring: every crossing is the visit's to find
     pool = st.pool.arrays
-    scratch = np.empty((2, st.pool.capacity))
-    none = np.empty(0, dtype=np.int64)
-    for r in range(st.m):  # the last evaluation: clast = C, flips applied, σ known
-        _evaluate(st, r, scratch, eta_s, none, np.empty(0), np.empty(0, np.bool_), scatter)
-        st.nf[r, SIGMA] = _pairs.sigma(r, st.seg, pool, st.G)
-    C0 = coefficients(st.seg, pool, st.a, st.E, eta_s, st.m, st.n)
-    st.E += 0.05 * rng.standard_normal(st.E.shape)  # steps since, with constant fire sets
-    dC = coefficients(st.seg, pool, st.a, st.E, eta_s, st.m, st.n) - C0
-    true = np.linalg.norm(dC @ st.X, axis=1)
-    sig = st.nf[:, SIGMA].copy()
-    bound = sig * np.linalg.norm(dC, axis=1)  # σ_r·||dl||: dC is zero off the fire sets
-    assert (true > 0).sum() > st.m // 2 and (bound >= true - 1e-12).all()
     rows = np.arange(st.m)
-    P, per_p = 3.0, 0.4
-    due = np.empty(st.m, dtype=np.bool_)
+    anchor_drift = np.zeros(st.m)
+    parts = principal_parts(st.X, st.G, rank)
+    _visit(st, rows, eta_s, parts, anchor_drift, True, gram_cost)  # all values current
+    flips = evaluated = 0
+    for _ in range(12):
+        C0 = coefficients(st.seg, pool, st.a, st.E, eta_s, st.m, st.n)
+        st.E += 0.02 * rng.standard_normal(st.E.shape)  # a step: fire sets constant
+        C = coefficients(st.seg, pool, st.a, st.E, eta_s, st.m, st.n)
+        true = np.linalg.norm((C - C0) @ st.X, axis=1)
+        U = products(st.X, st.W0 - C @ st.X)
+        drift0 = st.nf[:, DRIFT].copy()
+        before = {(r, j): v for r in rows for j, v in _values(st, r)}
+        nflips, nevals, again = _visit(st, rows, eta_s, parts, anchor_drift, False, gram_cost)
+        assert not again.any()
+        assert (st.nf[:, DRIFT] - drift0 >= true * (1 - 1e-9)).all()
+        for r in rows:
+            s0, cnt = st.seg[r, START], st.seg[r, CNT]
+            j = pool.j[s0 : s0 + cnt]
+            np.testing.assert_array_equal(pool.fire[s0 : s0 + cnt], U[r, j] >= st.b)
+            for jj, v in _values(st, r):  # where a value changed, it is the current one
+                if v != before[r, jj]:
+                    assert abs(v - U[r, jj]) <= 1e-9
+        flips += int(nflips.sum())
+        evaluated += int(nevals.sum())
+    assert flips > 0  # the steps moved some pairs across b
+    assert evaluated < 12 * int(st.seg[:, CNT].sum())  # keys spared some values
 
-    def run(room):
-        screen(rows, st.seg, st.nf, pool, st.a, st.E, eta_s, st.xnorm, room, P, per_p, 1.0, due)
-        return due.copy()
 
-    assert run(0.5 * true).all()  # the move exceeds the room: every neuron is evaluated
-    room = 2.0 * bound + 1e-3
-    out = run(room)
-    assert not out.any()
-    moving = sig > 0
-    move = room[moving] - (st.nf[moving, KEY] - P) * per_p * sig[moving]
-    assert (move >= true[moving] * (1 - 1e-9)).all()
-    np.testing.assert_allclose(move, bound[moving], rtol=1e-8, atol=1e-12)
-    assert np.isinf(st.nf[~moving, KEY]).all()
-    st.nf[0, SIGMA] = SIGMA_UNKNOWN  # σ unknown: evaluated, whatever the room
-    assert run(room)[0] and not due[1:].any()
+@pytest.mark.parametrize(("n", "d"), [(40, 12), (10, 30)])  # from XᵀX; from G
+def test_principal_parts_bound_every_combination(n, d):
+    """``||Σ c_l x_l|| <= ||Σ c_l z_l|| + min(ρ, ||residuals||)·||c||`` for random subsets
+    and coefficients, ``ρ`` at least the (k+1)-th singular value (from numpy's SVD)."""
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((n, d)) @ np.diag(np.linspace(3.0, 0.1, d))  # decaying spectrum
+    G = X @ X.T
+    k = 4
+    Z, resid, rho = principal_parts(X, G, k)
+    s = np.linalg.svd(X, compute_uv=False)
+    assert Z.shape == (n, k) and rho >= s[k] and rho <= s[k] * 1.001 + 1e-6
+    np.testing.assert_allclose(np.linalg.norm(Z, axis=0), s[:k], rtol=1e-9)
+    for _ in range(50):
+        S = rng.random(n) < 0.5
+        c = rng.standard_normal(S.sum())
+        lhs = np.linalg.norm(c @ X[S])
+        res = min(rho, np.sqrt((resid[S] ** 2).sum()))
+        assert lhs <= np.linalg.norm(c @ Z[S]) + res * np.linalg.norm(c) + 1e-12
 
 
 def test_weights_forward_and_firing_csr_against_brute_force():
@@ -363,19 +411,17 @@ def test_apply_flips_keeps_h_the_ntk_of_the_fire_sets():
     flips = (np.array(fr, np.int64), np.array(fj, np.int64), np.array(fv), np.array(fo, np.bool_))
     # the same additions in the same order on one thread as on two: equal bits
     H1, u1 = H.copy(), u.copy()
+    args = (st.a, st.G, st.b, 1 / np.sqrt(st.m), float(st.m))
     threads = numba.get_num_threads()
     numba.set_num_threads(1)
     try:
-        one = apply_flips(
-            *flips, st.seg, st.pool.arrays, u1, H1, st.a, st.G, st.b, 1 / np.sqrt(st.m), float(st.m)
-        )
+        one = apply_flips(*flips, st.seg, st.pool.arrays, u1, H1, *args)
     finally:
         numba.set_num_threads(threads)
-    many = apply_flips(
-        *flips, st.seg, st.pool.arrays, u, H, st.a, st.G, st.b, 1 / np.sqrt(st.m), float(st.m)
-    )
+    many = apply_flips(*flips, st.seg, st.pool.arrays, u, H, *args)
     assert one == many
     np.testing.assert_array_equal(H, H1)
+    np.testing.assert_array_equal(H, H.T)
     np.testing.assert_array_equal(u, u1)
     F1 = np.zeros_like(F0)
     indptr, idx = st.firing_csr()

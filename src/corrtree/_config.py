@@ -132,6 +132,17 @@ SCATTER_COST = 50.0
 #: n = 4096 sphere (G: 128 MiB), the kernel trainer's whole run drops from 100 s
 #: to 76 s against the rate above; on W2 (32 MiB) the two rates are even.
 SCATTER_COST_FAR = 200.0
+#: The kernel trainer evaluates a neuron's due pairs from the data (the move, then a
+#: dot product each: ``(|prefix| + due)·d`` flops) when the Gram identity's
+#: ``due·|prefix|`` reads of single rows of G would cost more at this many flops a read.
+GRAM_ROW_COST = 2.0
+#: The kernel trainer bounds a neuron's move by its part along this many principal
+#: directions of the data, exactly, plus the rest by the residual's norm.
+PROJECTION_RANK = 32
+#: A flip's write into the kernel trainer's H (its row and column, a cache miss each)
+#: costs about this many of the sequential additions that build H anew (W2, n = 2048:
+#: 4.1e6 writes took 0.17 s, a new H of 9.7e8 additions about 1 s).
+FLIP_WRITE_COST = 40.0
 #: G up to this size is taken to stay in cache.
 CACHED_GRAM_BYTES = 16 * 2**20
 

@@ -31,16 +31,17 @@ from ._pool import BETA, CNT, DRIFT, MINKEY, NFIRE, SIGMA, SIGMA_UNKNOWN, START,
 __all__ = [
     "by_data",
     "coef",
+    "data_dot",
     "dot_row",
     "eval_ever",
     "evaluate_neuron",
     "firing_csr",
     "flip",
+    "form_move",
     "forward",
     "gram_sum",
     "materialize",
     "needs_reanchor",
-    "neuron_key",
     "prefetch_block",
     "refresh_keys",
     "safe_norm",
@@ -206,6 +207,27 @@ def eval_ever(r, seg, pool, scratch, a, E, G, eta_s, want_step):
 
 
 @njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
+def form_move(dw, X, ej, dc, s0, end):
+    """``dw = Σ_{s0 <= q < end} dc[q - s0]·x_{ej[q]}``, four rows a pass: a quarter of the
+    loads and stores of ``dw`` (the pass is bound by moving rows of X).  O(d·(end - s0))."""
+    d = X.shape[1]
+    dw[:] = 0.0
+    q = s0
+    while q + 4 <= end:
+        j0, j1, j2, j3 = ej[q], ej[q + 1], ej[q + 2], ej[q + 3]
+        c0, c1, c2, c3 = dc[q - s0], dc[q + 1 - s0], dc[q + 2 - s0], dc[q + 3 - s0]
+        for t in range(d):
+            dw[t] += (c0 * X[j0, t] + c1 * X[j1, t]) + (c2 * X[j2, t] + c3 * X[j3, t])
+        q += 4
+    while q < end:
+        c0 = dc[q - s0]
+        j0 = ej[q]
+        for t in range(d):
+            dw[t] += c0 * X[j0, t]
+        q += 1
+
+
+@njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
 def eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw):
     """:func:`eval_ever` with the Gram sums rebuilt from the data: the move
     ``dw = Σ_l dc_l x_l`` since the anchor is formed once, in ``O(d·|P|)``, and
@@ -223,7 +245,6 @@ def eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw):
     s0 = seg[r, START]
     end = s0 + seg[r, SUPP]
     d = X.shape[1]
-    dw[:] = 0.0
     l1_a = 0.0
     l1_s = 0.0
     l1_o = 0.0  # Σ|clast - cref|: the move at the last evaluation
@@ -237,19 +258,7 @@ def eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw):
         l1_o += abs(clast[q] - cref[q])
         clast[q] = c
         xmax = max(xmax, xnorm[ej[q]])
-    q = s0
-    while q + 4 <= end:  # four rows a pass: a quarter of the loads and stores of dw
-        j0, j1, j2, j3 = ej[q], ej[q + 1], ej[q + 2], ej[q + 3]
-        c0, c1, c2, c3 = dc[q - s0], dc[q + 1 - s0], dc[q + 2 - s0], dc[q + 3 - s0]
-        for t in range(d):
-            dw[t] += (c0 * X[j0, t] + c1 * X[j1, t]) + (c2 * X[j2, t] + c3 * X[j3, t])
-        q += 4
-    while q < end:
-        c0 = dc[q - s0]
-        j0 = ej[q]
-        for t in range(d):
-            dw[t] += c0 * X[j0, t]
-        q += 1
+    form_move(dw, X, ej, dc, s0, end)
     sq_s = 0.0
     mag = 0.0  # Σ_l |dl_l|·(the magnitudes each value's rounding is relative to)
     q = s0
@@ -268,7 +277,7 @@ def eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw):
         sq_s, mag = _new_value(q + 3, q + 3 - s0, t3, pool, dl, sq_s, mag)
         q += 4
     while q < end:
-        sq_s, mag = _new_value(q, q - s0, _dot(X, ej[q], dw), pool, dl, sq_s, mag)
+        sq_s, mag = _new_value(q, q - s0, data_dot(X, ej[q], dw), pool, dl, sq_s, mag)
         q += 1
     # ‖dw‖: |‖dw‖² - ‖computed dw‖²| <= (2γ_|P| + γ_d)·(Σ|dc|)²·max‖x‖², γ_k ≈ k·2⁻⁵³.
     # ‖dws‖²: a value of either evaluation is within (γ_|P| + γ_d)·(its Σ|dc|)·max‖x‖²
@@ -298,7 +307,8 @@ def _new_value(q, p, dot, pool, dl, sq_s, mag):
 
 
 @njit(cache=True, inline="always")
-def _dot(X, j, w):
+def data_dot(X, j, w):
+    """``<x_j, w>``."""
     s = 0.0
     for t in range(X.shape[1]):
         s += X[j, t] * w[t]
@@ -433,7 +443,7 @@ def evaluate_neuron(
                 evaluated += 1
                 # positions below s0 + ns keep their pairs even after flips
                 if data:
-                    val[q] = uref[q] - _dot(X, ej[q], dw)
+                    val[q] = uref[q] - data_dot(X, ej[q], dw)
                 else:
                     val[q] = uref[q] - gram_sum(G, ej[q], ej, dc, s0, ns)
                 if val[q] >= b:
@@ -471,37 +481,6 @@ def refresh_keys(rows, seg, nf, pool, xnorm, b):
     """:func:`set_keys` for every neuron of ``rows``."""
     for k in prange(rows.shape[0]):
         set_keys(rows[k], seg, nf, pool, xnorm, b)
-
-
-@njit(cache=True)
-def neuron_key(r, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, since_anchor, room):
-    """Kernel trainer: the value of ``P`` at which a pair of ``r`` may first change side.
-
-    In drift units the neuron has this much room left, kept in ``room[r]``:
-    up to the next key of a pair outside its ever-fired prefix
-    (``nf[r, MINKEY] - D_r``), to the nearest ever-fired pair
-    (``|v - b|/||x_j||``, values just computed), and to its band
-    (``(β - ||w_r - w_r(anchor)||·R)/R``).  The drift grows at most
-    ``per_p·σ_r`` per unit of ``P``; an unknown ``σ_r`` is recomputed, by
-    :func:`trace_sigma` for a neuron whose values come from the data
-    (:func:`by_data`), else by :func:`sigma`.
-    """
-    ej, val = pool.j, pool.val
-    s0 = seg[r, START]
-    slack = min(nf[r, MINKEY] - nf[r, DRIFT], (nf[r, BETA] - since_anchor * R) / R)
-    for q in range(s0, s0 + seg[r, SUPP]):
-        xn = xnorm[ej[q]]
-        if xn > 0:
-            slack = min(slack, abs(val[q] - b) / xn)
-    if nf[r, SIGMA] == SIGMA_UNKNOWN:
-        if by_data(d, seg[r, SUPP], scatter):
-            nf[r, SIGMA] = trace_sigma(r, seg, pool, xnorm)
-        else:
-            nf[r, SIGMA] = sigma(r, seg, pool, G)
-    slack = max(slack, 0.0)
-    room[r] = slack
-    rate = per_p * nf[r, SIGMA]
-    return P + slack / rate if rate > 0 else np.inf
 
 
 @njit(cache=True, parallel=True)

@@ -5,6 +5,7 @@ re-anchor step (``docs/design.md``, "Band trainers").
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import pairwise
 from typing import Any
 
@@ -21,7 +22,6 @@ from ._pairs import (
     evaluate_neuron,
     forward,
     needs_reanchor,
-    neuron_key,
     prefetch_block,
     refresh_keys,
 )
@@ -29,7 +29,6 @@ from ._pool import (
     BETA,
     CNT,
     DRIFT,
-    KEY,
     LEAF_ERR,
     MINKEY,
     NFIRE,
@@ -97,9 +96,6 @@ def evaluate_rows(
     nflips,
     nevals,
     again,
-    P,
-    per_p,
-    room,
 ):
     """Bring neurons ``rows`` to the current time: the step both band trainers share.
 
@@ -108,9 +104,7 @@ def evaluate_rows(
     step bound; empty: the exact step), recording the flips at
     ``f_*[fbuf[k]:]`` when ``f_j`` is non-empty; ``nflips[k]`` is their
     number and ``nevals[k]`` the number of pairs evaluated.  ``again[k]`` says
-    the neuron must be re-anchored (:func:`~._pairs.needs_reanchor`);
-    otherwise, if ``per_p > 0`` (kernel trainer), it gets a new key and
-    ``room[r]`` its room (:func:`~._pairs.neuron_key`).
+    the neuron must be re-anchored (:func:`~._pairs.needs_reanchor`).
     """
     ej = pool.j
     record = f_j.shape[0] > 0
@@ -150,10 +144,6 @@ def evaluate_rows(
             )
             nflips[k] = pos - first
             again[k] = needs_reanchor(r, nf, since_anchor, R)
-            if per_p > 0 and not again[k]:
-                nf[r, KEY] = neuron_key(
-                    r, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, since_anchor, room
-                )
 
 
 def row_groups(counts: np.ndarray, budget: int) -> list[int]:
@@ -425,35 +415,13 @@ class BandTrainer(Trainer):
         self.evaluated = 0
 
     def _evaluate(
-        self,
-        rows: np.ndarray,
-        err: np.ndarray,
-        record: bool,
-        P: float = 0.0,
-        per_p: float = 0.0,
-        room: np.ndarray | None = None,
+        self, rows: np.ndarray, err: np.ndarray, record: bool
     ) -> tuple[np.ndarray, np.ndarray, tuple | None]:
         """:func:`evaluate_rows` on ``rows``: returns the flips per neuron, the re-anchor
-        mask and, if ``record``, the flips as ``(r, j, value, on)`` arrays.  With
-        ``per_p > 0`` (kernel trainer) the neurons get new keys and ``room``."""
+        mask and, if ``record``, the flips as ``(r, j, value, on)`` arrays."""
         st = self.store
-        nflips = np.zeros(rows.shape[0], dtype=np.int64)
-        nevals = np.zeros(rows.shape[0], dtype=np.int64)
-        again = np.zeros(rows.shape[0], dtype=np.bool_)
-        room = np.empty(0) if room is None else room
-        # flip records have room for every entry of the rows to flip: rows in groups of at
-        # most FLIP_RECORD_ENTRIES entries keep the record buffers small
-        counts = st.seg[rows, CNT]
-        bounds = row_groups(counts, _config.FLIP_RECORD_ENTRIES) if record else [0, rows.shape[0]]
-        found = []
-        for g0, g1 in pairwise(bounds):
-            part = rows[g0:g1]
-            fbuf = np.zeros(part.shape[0] + 1, dtype=np.int64)
-            if record:
-                np.cumsum(counts[g0:g1], out=fbuf[1:])
-            f_j = st.buffer("flip_j", (fbuf[-1],), np.int32)  # as pool.j
-            f_v = st.buffer("flip_value", (fbuf[-1],))
-            f_on = st.buffer("flip_on", (fbuf[-1],), np.bool_)
+
+        def run(part, fbuf, f_j, f_v, f_on, nflips, nevals, again):
             evaluate_rows(
                 part,
                 st.seg,
@@ -474,13 +442,39 @@ class BandTrainer(Trainer):
                 f_j,
                 f_v,
                 f_on,
-                nflips[g0:g1],
-                nevals[g0:g1],
-                again[g0:g1],
-                P,
-                per_p,
-                room,
+                nflips,
+                nevals,
+                again,
             )
+
+        return self._in_groups(rows, record, run)
+
+    def _in_groups(
+        self, rows: np.ndarray, record: bool, run: Callable[..., None]
+    ) -> tuple[np.ndarray, np.ndarray, tuple | None]:
+        """``run(part, fbuf, f_j, f_v, f_on, nflips, nevals, again)`` on consecutive
+        groups of ``rows``, a kernel that records the flips of ``part[k]`` at
+        ``f_*[fbuf[k]:]`` (when ``record``) and fills the three per-row outputs; returns
+        the flips per neuron, the re-anchor mask and, if ``record``, the flips as
+        ``(r, j, value, on)`` arrays."""
+        st = self.store
+        nflips = np.zeros(rows.shape[0], dtype=np.int64)
+        nevals = np.zeros(rows.shape[0], dtype=np.int64)
+        again = np.zeros(rows.shape[0], dtype=np.bool_)
+        # flip records have room for every entry of the rows to flip: rows in groups of at
+        # most FLIP_RECORD_ENTRIES entries keep the record buffers small
+        counts = st.seg[rows, CNT]
+        bounds = row_groups(counts, _config.FLIP_RECORD_ENTRIES) if record else [0, rows.shape[0]]
+        found = []
+        for g0, g1 in pairwise(bounds):
+            part = rows[g0:g1]
+            fbuf = np.zeros(part.shape[0] + 1, dtype=np.int64)
+            if record:
+                np.cumsum(counts[g0:g1], out=fbuf[1:])
+            f_j = st.buffer("flip_j", (fbuf[-1],), np.int32)  # as pool.j
+            f_v = st.buffer("flip_value", (fbuf[-1],))
+            f_on = st.buffer("flip_on", (fbuf[-1],), np.bool_)
+            run(part, fbuf, f_j, f_v, f_on, nflips[g0:g1], nevals[g0:g1], again[g0:g1])
             if record:
                 found.append(gather_flips(part, fbuf, nflips[g0:g1], f_j, f_v, f_on))
         flips = tuple(np.concatenate(a) for a in zip(*found, strict=True)) if record else None

@@ -30,6 +30,9 @@ DATA_FLOPS_PER_OP = 10.0
 # an evaluation by the kernel trainer against the lazy one's: keys, heap, σ of the
 # neurons that flipped (measured on breast cancer, where both evaluate every neuron)
 KERNEL_EVALUATION = 1.5
+# share of a visited neuron's tracked pairs whose key the kernel trainer finds passed
+# (image patches: 0.35 M of 2.6 M a step), each a Gram row of |prefix| reads
+KERNEL_DUE_SHARE = 0.13
 
 
 def fire_share(norms: np.ndarray, b: float) -> float:
@@ -96,7 +99,8 @@ def estimate(
     reanchored = min(1.0, 0.002 * coh * k)
     others = expired * (tracked - k)  # tracked pairs outside the prefix evaluated
     evaluate = min(k * k / 2 + others * k, (2 * d * k + others * d) / DATA_FLOPS_PER_OP)
-    per_neuron = evaluate + k * K + reanchored * (k * n + 2 * n * d * SPARSE_OPS / BLAS_FLOPS)
+    anchoring = k * K + reanchored * (k * n + 2 * n * d * SPARSE_OPS / BLAS_FLOPS)
+    per_neuron = evaluate + anchoring
     # float32 GEMM, float64 recomputation of the tracked pairs, trees
     pre = gemm / 2 + m * tracked * d * 4 / BLAS_FLOPS + n * m / STREAM_OPS
     if method == "lazy":
@@ -105,6 +109,9 @@ def estimate(
         if not _config.ntk_fits(n, K):
             return float("inf")  # the NTK matrix does not fit
         pre += m * k * k * K * K / SPARSE_OPS
+        # a visit: the move's bound over the prefix, then the pairs whose key passed
+        visit = k * (_config.PROJECTION_RANK + K) / DATA_FLOPS_PER_OP
+        per_neuron = visit + KERNEL_DUE_SHARE * tracked * k + anchoring
         # every neuron is processed in the first few iterations; afterwards a share
         # that grows with coherence (W1: 5%, W4: 1/2, image patches and digits: 0.93)
         wave = min(iters, 6.0 + 6.0 * coh * k)

@@ -43,16 +43,49 @@ from numba import njit, prange
 from .. import _config
 from ._heap import pop_due, push_all
 from ._ntk import ntk_matrix
-from ._pairs import coef, neuron_key, set_keys
-from ._pool import CNT, KEY, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP
+from ._pairs import (
+    by_data,
+    coef,
+    data_dot,
+    eval_ever,
+    eval_ever_data,
+    flip,
+    form_move,
+    gram_sum,
+    needs_reanchor,
+    sigma,
+    trace_sigma,
+)
+from ._pool import (
+    BETA,
+    CNT,
+    DRIFT,
+    KEY,
+    MINKEY,
+    NFIRE,
+    SIGMA,
+    SIGMA_UNKNOWN,
+    START,
+    SUPP,
+)
 from ._state import Field, Scalar, Schema, fail
 from .band import BAND_FIELDS, BAND_SCALARS, BandTrainer
 from .optim import LinearStep
 
-__all__ = ["KEY", "KernelTrainer", "pop_due", "push_all", "screen"]
+__all__ = [
+    "KEY",
+    "KernelTrainer",
+    "anchor_keys",
+    "pop_due",
+    "principal_parts",
+    "push_all",
+    "visit",
+    "visit_rows",
+]
 
 _ROUND_UP = _config.ROUND_UP
 _U64 = _config.U64
+_EVALUATE_CHUNKS = _config.EVALUATE_CHUNKS
 
 
 @njit(cache=True, inline="always")
@@ -98,6 +131,18 @@ def apply_flips(fr, fj, fv, fon, seg, pool, u, H, a, G, b, scale, m) -> tuple[in
     """
     parts = max(1, min(numba.get_num_threads(), u.shape[0]))
     return _apply_flips(fr, fj, fv, fon, seg, pool, u, H, a, G, b, scale, m, parts)
+
+
+@njit(cache=True)
+def flip_outputs(fr, fj, fv, fon, u, a, b, scale):
+    """The outputs' part of :func:`apply_flips`: ``±scale·(U_rj - b)·a_r`` into ``u_j``
+    for each flip, in order.  O(#flips·K)."""
+    for f in range(fr.shape[0]):
+        z = scale * (fv[f] - b)
+        if not fon[f]:
+            z = -z
+        for k in range(a.shape[1]):
+            u[fj[f], k] += a[fr[f], k] * z
 
 
 @njit(cache=True, parallel=True)
@@ -169,50 +214,232 @@ def _apply_flips_rows(fr, fj, fv, fon, seg, pool, u, H, a, G, b, scale, m, lo, h
     return d_fired, d_moved
 
 
-@njit(cache=True, parallel=True)
-def anchor_keys(rows, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, room):
-    """Pair keys, neuron keys and room of freshly anchored neurons (all values current)."""
-    for k in prange(rows.shape[0]):
-        r = rows[k]
-        set_keys(r, seg, nf, pool, xnorm, b)
-        nf[r, KEY] = neuron_key(r, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, 0.0, room)
-
-
-@njit(cache=True, parallel=True)
-def screen(rows, seg, nf, pool, a, E, eta_s, xnorm, room, P, per_p, cert, due):
-    """Which neurons ``rows``, whose keys have passed, must be evaluated.
-
-    A key bounds every step by the global ``||err||``.  Since its last
-    evaluation the fire set ``S`` of ``r`` is constant, so ``w_r`` moved by
-    exactly ``Σ_l dl_l x_l`` over its ever-fired pairs, ``dl = C - clast``:
-    its own errors, summed with their signs.  The move is at most
-    ``σ_r·||dl_S|| + Σ_{l ∉ S} |dl_l|·||x_l||`` (the second term is rounding:
-    a frozen coefficient does not change), times ``cert`` and the rounding of
-    the norm.  Below the room ``room[r]`` left at that evaluation no pair can
-    have changed side and the band still holds: ``due[k]`` is False and the
-    key becomes ``P + (room - move)/(per_p·σ_r)``.  O(|prefix_r|·K) a neuron.
+def principal_parts(X: np.ndarray, G: np.ndarray, rank: int) -> tuple[np.ndarray, ...]:
+    """The data along its ``k = min(rank, d, n)`` principal directions, for the move bound
+    of :func:`visit`: ``Z = X Q`` (n×k, ``Q`` orthonormal d×k), the residual norms
+    ``||x_l - Q z_l||`` and a bound on the residual's spectral norm
+    ``||X - Z Qᵀ||_2`` (the (k+1)-th singular value of X), each enlarged to cover
+    the rounding of the eigensolver and of ``Z``.  Returns ``(Z, residual norms,
+    residual bound)``.  O(n·d·min(n, d) + min(n, d)³), from ``G`` when ``n <= d``.
     """
-    ej, clast, fire = pool.j, pool.clast, pool.fire
+    n, d = X.shape
+    k = min(rank, d, n)
+    if n <= d:  # X = U S Vᵀ: the top rows of S Vᵀ, Z = U_k S_k
+        lam, vec = np.linalg.eigh(G)
+        top = np.maximum(lam[::-1][:k], 0.0)
+        Z = np.ascontiguousarray(vec[:, ::-1][:, :k] * np.sqrt(top))
+        Q = X.T @ vec[:, ::-1][:, :k] / np.where(top > 0, np.sqrt(top), 1.0)
+    else:
+        lam, vec = np.linalg.eigh(X.T @ X)
+        Q = vec[:, ::-1][:, :k]
+        Z = np.ascontiguousarray(X @ Q)
+    lam = lam[::-1]
+    scale = max(float(lam[0]), 0.0) if lam.shape[0] else 0.0
+    rest = float(lam[k]) if lam.shape[0] > k else 0.0
+    # eigenvalues err by ~min(n, d)·2⁻⁵³·λ_1; Q's columns are orthonormal to the same order
+    slack = 64.0 * min(n, d) * _U64 * scale
+    resid = np.sqrt(np.einsum("ij,ij->i", X - Z @ Q.T, X - Z @ Q.T))
+    bound = math.sqrt(max(rest, 0.0) + slack) * _ROUND_UP
+    xn = np.sqrt(np.einsum("ij,ij->i", X, X))
+    return Z, resid * _ROUND_UP + math.sqrt(slack / max(scale, 1e-300)) * xn, bound
+
+
+@njit(cache=True, inline="always")
+def _sigma_of(r, seg, nf, pool, G, xnorm, d, scatter):
+    """``σ_r`` (``nf[r, SIGMA]``), computed if unknown: :func:`~._pairs.trace_sigma` for a
+    neuron whose values come from the data (:func:`~._pairs.by_data`), else the
+    Gershgorin bound :func:`~._pairs.sigma`."""
+    if nf[r, SIGMA] == SIGMA_UNKNOWN:
+        if by_data(d, seg[r, SUPP], scatter):
+            nf[r, SIGMA] = trace_sigma(r, seg, pool, xnorm)
+        else:
+            nf[r, SIGMA] = sigma(r, seg, pool, G)
+    return nf[r, SIGMA]
+
+
+@njit(cache=True, inline="always")
+def _heap_key(r, nf, anchor_drift, R, P, per_p):
+    """The value of ``P`` at which the drift of ``r`` may first reach the smallest key of
+    its entries (``nf[r, MINKEY]``) or its band (``β/R`` past ``anchor_drift[r]``): the
+    drift grows at most ``per_p·σ_r`` per unit of ``P``."""
+    drift = nf[r, DRIFT]
+    slack = min(nf[r, MINKEY] - drift, nf[r, BETA] / R - (drift - anchor_drift[r]))
+    rate = per_p * nf[r, SIGMA]
+    return P + max(slack, 0.0) / rate if rate > 0 else np.inf
+
+
+@njit(cache=True, parallel=True)
+def anchor_keys(rows, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, anchor_drift):
+    """Keys of freshly anchored neurons ``rows`` (all values current): every entry's, the
+    neuron's (:func:`_heap_key`), and ``anchor_drift[r]``, its drift now."""
+    ej, val, key = pool.j, pool.val, pool.key
     for k in prange(rows.shape[0]):
         r = rows[k]
-        due[k] = True
-        sig = nf[r, SIGMA]
-        if sig == SIGMA_UNKNOWN or not room[r] > 0:
-            continue
+        drift = nf[r, DRIFT]
+        best = np.inf
         s0 = seg[r, START]
-        ns = seg[r, SUPP]
-        sq = 0.0
-        off = 0.0
-        for q in range(s0, s0 + ns):
-            dl = coef(q, r, pool, a, E, eta_s) - clast[q]
-            if fire[q]:
-                sq += dl * dl
-            else:
-                off += abs(dl) * xnorm[ej[q]]
-        move = cert * (sig * math.sqrt(sq) + off) * (1.0 + (ns + 4) * _U64) * _ROUND_UP
-        if move < room[r]:
-            due[k] = False
-            nf[r, KEY] = P + (room[r] - move) / (per_p * sig) if sig > 0 else np.inf
+        for q in range(s0, s0 + seg[r, CNT]):
+            xn = xnorm[ej[q]]
+            key[q] = drift + abs(val[q] - b) / xn if xn > 0 else np.inf
+            best = min(best, key[q])
+        nf[r, MINKEY] = best
+        anchor_drift[r] = drift
+        _sigma_of(r, seg, nf, pool, G, xnorm, d, scatter)
+        nf[r, KEY] = _heap_key(r, nf, anchor_drift, R, P, per_p)
+
+
+@njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
+def visit(
+    r, seg, nf, pool, scratch, a, E, G, X, xnorm, parts, eta_s, b, R, cert, scatter, gram_cost,
+    dw, zw, anchor_drift, full, f_j, f_v, f_on, fpos,
+):  # fmt: skip
+    """Bring neuron ``r``, whose key has passed, to the current time (kernel trainer).
+
+    Since its last visit its fire set ``S`` is constant, so it moved by exactly
+    ``Σ_l dl_l x_l`` over its ever-fired pairs (``dl = C - clast``; ``clast``
+    becomes ``C``): at most ``s·||dl_S|| + Σ_{l ∉ S} |dl_l|·||x_l||`` (the second
+    term is rounding: a frozen coefficient does not change), with ``s·||dl_S||``
+    the smaller of ``σ_r·||dl_S||`` and, with ``parts = (Z, residual norms, ρ)`` of
+    :func:`principal_parts`, ``||Σ_S dl_l z_l|| + min(ρ, ||residuals_S||)·||dl_S||``
+    (O(|prefix|·k): on coherent data the principal part carries most of the move,
+    and it is exact); that bound, times ``cert`` and its rounding, is what the
+    drift ``D_r`` gains.  Every entry, firing or not, keeps a
+    key ``D + |v - b|/||x_j||`` from its last evaluation at drift ``D`` with value
+    ``v``: only the entries whose key ``D_r`` reached are evaluated, by the Gram
+    identity ``uref - Σ_l dc_l G[l, j]`` (``dc = C - cref``, |prefix| reads) or, when
+    ``gram_cost`` reads a value cost more, from the move ``Σ_l dc_l x_l`` formed once.
+    Flips are applied and recorded from ``fpos`` on (if ``f_j`` is non-empty).
+
+    The distance from the anchor is at most ``D_r - anchor_drift[r]``; once that
+    may reach the band ``β/R`` (or if ``full``), every ever-fired value and the exact
+    distance are computed (:func:`~._pairs.eval_ever`, :func:`~._pairs.eval_ever_data`),
+    ``anchor_drift`` is reset from them, and the neuron is re-anchored if the band
+    is exceeded (its other entries are then left to the re-anchoring).  Returns
+    ``(fpos + #flips, #values computed, whether to re-anchor)``; the values, keys
+    and ``nf[r, MINKEY]`` (over all entries) are current.  O(|prefix|·K + the
+    evaluated values).
+    """
+    ej, uref, val, key, fire, clast, cref = (
+        pool.j, pool.uref, pool.val, pool.key, pool.fire, pool.clast, pool.cref
+    )  # fmt: skip
+    record = f_j.shape[0] > 0
+    first = fpos
+    d = X.shape[1]
+    s0 = seg[r, START]
+    ns = seg[r, SUPP]
+    end = s0 + seg[r, CNT]
+    sig = _sigma_of(r, seg, nf, pool, G, xnorm, d, scatter)
+    Z, resid, rho = parts
+    k = Z.shape[1]
+    dc = scratch[0]
+    zw[:] = 0.0
+    sq = 0.0
+    off = 0.0
+    res2 = 0.0
+    l1 = 0.0
+    xmax = 0.0
+    for q in range(s0, s0 + ns):
+        c = coef(q, r, pool, a, E, eta_s)
+        dl = c - clast[q]
+        j = ej[q]
+        if fire[q]:
+            sq += dl * dl
+            res2 += resid[j] * resid[j]
+            l1 += abs(dl)
+            xmax = max(xmax, xnorm[j])
+            for t in range(k):
+                zw[t] += dl * Z[j, t]
+        else:
+            off += abs(dl) * xnorm[j]
+        clast[q] = c
+        dc[q - s0] = c - cref[q]
+    proj = 0.0
+    for t in range(k):
+        proj += zw[t] * zw[t]
+    # Σ dl z in float64 errs by at most (|S| + k)·2⁻⁵³·Σ|dl|·max ||x||
+    proj = math.sqrt(proj) + (ns + k + 4) * _U64 * l1 * xmax
+    norm_dl = math.sqrt(sq)
+    split = proj + min(rho, math.sqrt(res2)) * norm_dl
+    move = (min(sig * norm_dl, split) + off) * (1.0 + (ns + 4) * _U64) * _ROUND_UP
+    drift = nf[r, DRIFT] + cert * move
+    nf[r, DRIFT] = drift
+    evaluated = 0
+    again = False
+    fresh = full or (drift - anchor_drift[r]) * R >= nf[r, BETA]
+    data = False
+    if fresh:  # every ever-fired value, and the exact distance from the anchor
+        data = by_data(d, ns, scatter)
+        if data:
+            since, _ = eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw)
+        else:
+            since, _ = eval_ever(r, seg, pool, scratch, a, E, G, eta_s, False)
+        evaluated = ns
+        anchor_drift[r] = drift - cert * since
+        again = needs_reanchor(r, nf, since, R)
+    else:
+        due = 0
+        for q in range(s0, end):
+            if key[q] <= drift:
+                due += 1
+        if due * ns * gram_cost > (ns + due) * d:
+            data = True
+            form_move(dw, X, ej, dc, s0, s0 + ns)
+    best = np.inf
+    stop = s0 + ns if again else end  # re-anchoring recomputes the other entries
+    for q in range(s0, stop):  # increasing order: a pair turned on moves below q (flip)
+        in_prefix = q < s0 + ns
+        if (fresh and in_prefix) or key[q] <= drift:
+            if not (fresh and in_prefix):
+                evaluated += 1
+                if data:
+                    val[q] = uref[q] - data_dot(X, ej[q], dw)
+                else:
+                    val[q] = uref[q] - gram_sum(G, ej[q], ej, dc, s0, ns)
+            v = val[q]
+            now = v >= b
+            pos = q
+            if now != fire[q]:
+                if record:
+                    f_j[fpos], f_v[fpos], f_on[fpos] = ej[q], v, now
+                fpos += 1
+                pos = flip(r, q, seg, pool, a, E, eta_s, now)
+            xn = xnorm[ej[pos]]
+            key[pos] = drift + abs(v - b) / xn if xn > 0 else np.inf
+            best = min(best, key[pos])
+        else:
+            best = min(best, key[q])
+    nf[r, MINKEY] = best
+    if fpos > first:  # the fire set changed
+        nf[r, SIGMA] = SIGMA_UNKNOWN
+        _sigma_of(r, seg, nf, pool, G, xnorm, d, scatter)
+    return fpos, evaluated, again
+
+
+@njit(cache=True, parallel=True)
+def visit_rows(
+    rows, seg, nf, pool, a, E, G, X, xnorm, parts, eta_s, b, R, cert, scatter, gram_cost,
+    anchor_drift, full, P, per_p, fbuf, f_j, f_v, f_on, nflips, nevals, again,
+):  # fmt: skip
+    """:func:`visit` for every neuron of ``rows``, in parallel chunks; each gets its new
+    key (:func:`_heap_key`) unless it must be re-anchored (``again[k]``).  The flips of
+    ``rows[k]`` are recorded at ``f_*[fbuf[k]:]`` (when ``f_j`` is non-empty)."""
+    record = f_j.shape[0] > 0
+    nrows = rows.shape[0]
+    chunks = min(nrows, _EVALUATE_CHUNKS)
+    for c in prange(chunks):
+        dw = np.empty(X.shape[1])
+        zw = np.empty(parts[0].shape[1])
+        scratch = np.empty((2, G.shape[0]))
+        for k in range(c * nrows // chunks, (c + 1) * nrows // chunks):
+            r = rows[k]
+            start = fbuf[k] if record else 0
+            pos, nevals[k], again[k] = visit(
+                r, seg, nf, pool, scratch, a, E, G, X, xnorm, parts, eta_s, b, R, cert,
+                scatter, gram_cost, dw, zw, anchor_drift, full, f_j, f_v, f_on, start,
+            )  # fmt: skip
+            nflips[k] = pos - start
+            if not again[k]:
+                nf[r, KEY] = _heap_key(r, nf, anchor_drift, R, P, per_p)
 
 
 class KernelTrainer(BandTrainer):
@@ -221,13 +448,13 @@ class KernelTrainer(BandTrainer):
 
     name = "kernel"
     SCHEMA = Schema(
-        4,
+        5,
         (
             *BAND_FIELDS,
             Field("H", ("f8",), ("nK", "nK")),
             Field("heap_keys", ("f8",), ("heap",)),
             Field("heap_ids", ("i8",), ("heap",), index="m"),
-            Field("room", ("f8",), ("m",)),
+            Field("anchor_drift", ("f8",), ("m",)),
         ),
         (*BAND_SCALARS, Scalar("P", float, 0.0)),
     )
@@ -241,8 +468,10 @@ class KernelTrainer(BandTrainer):
             )
         super()._prepare(W0, **options)
         self.H = ntk_matrix(*self.store.firing_csr(), self.G, self.a, self.width)
+        self._parts = principal_parts(self.X, self.G, _config.PROJECTION_RANK)
         self.P = 0.0
-        self.room = np.zeros(self.m)  # drift room at the last evaluation (neuron_key)
+        self.anchor_drift = np.zeros(self.m)  # D_r - anchor_drift[r] bounds the distance
+        self._consistent = True  # every ever-fired value is of the neuron's last visit
         self._count()
 
     def _count(self) -> None:
@@ -272,7 +501,7 @@ class KernelTrainer(BandTrainer):
             st.R,
             self.P,
             self.per_p,
-            self.room,
+            self.anchor_drift,
         )
 
     def _start(self) -> None:
@@ -291,7 +520,7 @@ class KernelTrainer(BandTrainer):
             H=self.H,
             heap_keys=self.heap_keys[:size],
             heap_ids=self.heap_ids[:size],
-            room=self.room,
+            anchor_drift=self.anchor_drift,
         )
         return arrays, {**scalars, "P": self.P}
 
@@ -302,12 +531,12 @@ class KernelTrainer(BandTrainer):
         parent = (np.arange(1, ids.shape[0]) - 1) // 2
         if (keys[parent] > keys[1:]).any():
             fail("heap_keys", "not a heap")
-        if not (arrays["room"] >= 0).all():
-            fail("room", "must be >= 0")
         super()._restore(W0, arrays, scalars, sizes)
         self.H = arrays["H"]
         self.P = scalars["P"]
-        self.room = arrays["room"]
+        self.anchor_drift = arrays["anchor_drift"]
+        self._parts = principal_parts(self.X, self.G, _config.PROJECTION_RANK)
+        self._consistent = False
         self.heap_size = ids.shape[0]
         self.heap_keys = np.empty(self.m)
         self.heap_ids = np.empty(self.m, dtype=np.int64)
@@ -320,6 +549,14 @@ class KernelTrainer(BandTrainer):
 
     def advance(self, err: np.ndarray, step: LinearStep | None = None) -> dict[str, Any]:
         if step is not None:  # the recurrence needs Δc = η·f·a·err: see the module docs
+            if not self._consistent:  # the linear step reads every ever-fired value
+                every = np.arange(self.m)
+                again, flips = self._visit(every, full=True)
+                self._apply(flips)
+                if again.any():
+                    self._apply(self._reanchor(every[again]))
+                    self._anchor_keys(every[again])
+                self._consistent = True
             return self._advance_linear(err, step)
         st = self.store
         stats = (self.fired, self.moved, self.flips, self.entries)
@@ -329,29 +566,11 @@ class KernelTrainer(BandTrainer):
             self.P += float(np.sqrt(np.einsum("ik,ik->", err, err))) * _config.ROUND_UP
         with self.timer("query"):
             popped, self.heap_size = pop_due(self.heap_keys, self.heap_ids, self.heap_size, self.P)
-            mask = np.empty(popped.shape[0], dtype=np.bool_)
-            screen(
-                popped,
-                st.seg,
-                st.nf,
-                st.pool.arrays,
-                self.a,
-                st.E,
-                self.eta_s,
-                st.xnorm,
-                self.room,
-                self.P,
-                self.per_p,
-                self.cert,
-                mask,
-            )
-            due = popped[mask]
-            _, again, flips = self._evaluate(
-                due, np.empty((0, self.a.shape[1])), True, self.P, self.per_p, self.room
-            )
+            self._consistent = False
+            again, flips = self._visit(popped, full=False)
         with self.timer("update"):
             self.flips = self._apply(flips)
-            rows = due[again]
+            rows = popped[again]
             if rows.shape[0]:
                 before = int(st.seg[rows, CNT].sum())
                 self.flips += self._apply(self._reanchor(rows))
@@ -362,9 +581,66 @@ class KernelTrainer(BandTrainer):
         self.evaluated = 0
         return row
 
+    def _visit(self, rows: np.ndarray, full: bool) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+        """:func:`visit_rows` on ``rows`` (``full``: every ever-fired value); returns the
+        mask of the rows to re-anchor and the flips as ``(r, j, value, on)`` arrays."""
+        st = self.store
+
+        def run(part, fbuf, f_j, f_v, f_on, nflips, nevals, again):
+            visit_rows(
+                part,
+                st.seg,
+                st.nf,
+                st.pool.arrays,
+                self.a,
+                st.E,
+                self.G,
+                self.X,
+                st.xnorm,
+                self._parts,
+                self.eta_s,
+                self.b,
+                st.R,
+                self.cert,
+                _config.scatter_cost(st.n),
+                _config.GRAM_ROW_COST,
+                self.anchor_drift,
+                full,
+                self.P,
+                self.per_p,
+                fbuf,
+                f_j,
+                f_v,
+                f_on,
+                nflips,
+                nevals,
+                again,
+            )
+
+        _, again, flips = self._in_groups(rows, True, run)
+        return again, flips
+
     def _apply(self, flips: tuple[np.ndarray, ...]) -> int:
-        """Add flips to ``u`` and ``H`` and to the counts; returns their number."""
+        """Add flips (already applied to the pool) to ``u`` and ``H`` and to the counts;
+        returns their number.
+
+        Each flip rewrites ``|S_r|·K²`` scattered entries of ``H``
+        (:func:`apply_flips`); when those writes, at :data:`~corrtree._config.FLIP_WRITE_COST`
+        each, outnumber the ``Σ_r |S_r|²·K²`` sequential ones of building ``H`` anew
+        (:func:`~._ntk.ntk_matrix`, as in the first steps of coherent data), ``H`` is
+        built anew instead: the same matrix up to rounding.
+        """
         fr, fj, fv, fon = flips
+        st = self.store
+        nfire = st.seg[:, NFIRE].astype(np.float64)
+        writes = float(nfire[fr].sum())
+        K2 = self.a.shape[1] ** 2
+        if _config.FLIP_WRITE_COST * writes * K2 > float(nfire @ nfire) * K2 + self.H.shape[0] ** 2:
+            self.H = ntk_matrix(*st.firing_csr(), self.G, self.a, self.width)
+            flip_outputs(fr, fj, fv, fon, self.u, self.a, self.b, self.scale)
+            self.fired = st.fired_pairs()
+            self.moved = st.moved_neurons()
+            return int(fr.shape[0])
         d_fired, d_moved = apply_flips(
             fr,
             fj,
