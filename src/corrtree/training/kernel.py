@@ -53,6 +53,7 @@ from ._pairs import (
     form_move,
     gram_sum,
     needs_reanchor,
+    safe_norm,
     sigma,
     trace_sigma,
 )
@@ -291,23 +292,25 @@ def anchor_keys(rows, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, ancho
 @njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
 def visit(
     r, seg, nf, pool, scratch, a, E, G, X, xnorm, parts, eta_s, b, R, cert, scatter, gram_cost,
-    dw, zw, anchor_drift, full, f_j, f_v, f_on, fpos,
+    dw, dws, zw, anchor_drift, full, f_j, f_v, f_on, fpos,
 ):  # fmt: skip
     """Bring neuron ``r``, whose key has passed, to the current time (kernel trainer).
 
-    Since its last visit its fire set ``S`` is constant, so it moved by exactly
-    ``Σ_l dl_l x_l`` over its ever-fired pairs (``dl = C - clast``; ``clast``
-    becomes ``C``): at most ``s·||dl_S|| + Σ_{l ∉ S} |dl_l|·||x_l||`` (the second
-    term is rounding: a frozen coefficient does not change), with ``s·||dl_S||``
-    the smaller of ``σ_r·||dl_S||`` and, with ``parts = (Z, residual norms, ρ)`` of
-    :func:`principal_parts`, ``||Σ_S dl_l z_l|| + min(ρ, ||residuals_S||)·||dl_S||``
-    (O(|prefix|·k): on coherent data the principal part carries most of the move,
-    and it is exact); that bound, times ``cert`` and its rounding, is what the
-    drift ``D_r`` gains.  Every entry, firing or not, keeps a
-    key ``D + |v - b|/||x_j||`` from its last evaluation at drift ``D`` with value
-    ``v``: only the entries whose key ``D_r`` reached are evaluated, by the Gram
-    identity ``uref - Σ_l dc_l G[l, j]`` (``dc = C - cref``, |prefix| reads) or, when
-    ``gram_cost`` reads a value cost more, from the move ``Σ_l dc_l x_l`` formed once.
+    Since its last visit its fire set ``S`` is constant, so it moved by exactly ``Σ_l dl_l
+    x_l`` over its ever-fired pairs (``dl = C - clast``; ``clast`` becomes ``C``): at most
+    ``s·||dl_S|| + Σ_{l ∉ S} |dl_l|·||x_l||`` (the second term is rounding: a frozen
+    coefficient does not change), with ``s·||dl_S||`` the smaller of ``σ_r·||dl_S||`` and,
+    with ``parts = (Z, residual norms, ρ)`` of :func:`principal_parts`, ``||Σ_S dl_l z_l|| +
+    min(ρ, ||residuals_S||)·||dl_S||`` (O(|prefix|·k): on coherent data the principal part
+    carries most of the move, and it is exact); that bound, times ``cert`` and its rounding,
+    is what the drift ``D_r`` gains, unless most of its entries would then be due: those
+    visits compute every value anyway, and the exact step ``||Σ_l dl_l x_l||`` too (formed
+    from the data in O(d·|prefix|), or ``dlᵀ G dl``), which the drift gains if smaller (on
+    incoherent data, while nearly every pair is due, it is several times smaller). Every
+    entry, firing or not, keeps a key ``D + |v - b|/||x_j||`` from its last evaluation at
+    drift ``D`` with value ``v``: only the entries whose key ``D_r`` reached are evaluated,
+    by the Gram identity ``uref - Σ_l dc_l G[l, j]`` (``dc = C - cref``, |prefix| reads) or,
+    when ``gram_cost`` reads a value cost more, from the move ``Σ_l dc_l x_l`` formed once.
     Flips are applied and recorded from ``fpos`` on (if ``f_j`` is non-empty).
 
     The distance from the anchor is at most ``D_r - anchor_drift[r]``; once that
@@ -331,16 +334,19 @@ def visit(
     sig = _sigma_of(r, seg, nf, pool, G, xnorm, d, scatter)
     Z, resid, rho = parts
     k = Z.shape[1]
-    dc = scratch[0]
+    dc, dls = scratch[0], scratch[1]
     zw[:] = 0.0
     sq = 0.0
     off = 0.0
     res2 = 0.0
     l1 = 0.0
+    l1_all = 0.0
     xmax = 0.0
     for q in range(s0, s0 + ns):
         c = coef(q, r, pool, a, E, eta_s)
         dl = c - clast[q]
+        dls[q - s0] = dl
+        l1_all += abs(dl)
         j = ej[q]
         if fire[q]:
             sq += dl * dl
@@ -362,13 +368,37 @@ def visit(
     split = proj + min(rho, math.sqrt(res2)) * norm_dl
     move = (min(sig * norm_dl, split) + off) * (1.0 + (ns + 4) * _U64) * _ROUND_UP
     drift = nf[r, DRIFT] + cert * move
+    due = 0
+    for q in range(s0, end):
+        if key[q] <= drift:
+            due += 1
+    fresh = full or (drift - anchor_drift[r]) * R >= nf[r, BETA]
+    data = by_data(d, ns, scatter)
+    if fresh or 2 * due >= end - s0:  # most values are due: all of them, and the exact step
+        fresh = True
+        if data:  # ||Σ dl_l x_l||, formed; it errs by at most (|P| + d)·2⁻⁵³·Σ|dl|·max ||x||
+            form_move(dws, X, ej, dls, s0, s0 + ns)
+            sqx = 0.0
+            for t in range(d):
+                sqx += dws[t] * dws[t]
+            xall = 0.0
+            for q in range(s0, s0 + ns):
+                xall = max(xall, xnorm[ej[q]])
+            exact = (math.sqrt(sqx) + 4.0 * (ns + d + 4) * _U64 * l1_all * xall) * _ROUND_UP
+        else:  # dlᵀ G dl, |P|² reads
+            sqx = 0.0
+            gmax = 0.0
+            for p in range(ns):
+                jp = ej[s0 + p]
+                gmax = max(gmax, G[jp, jp])
+                for p2 in range(ns):
+                    sqx += dls[p] * dls[p2] * G[jp, ej[s0 + p2]]
+            exact = safe_norm(sqx, l1_all, gmax)
+        drift = nf[r, DRIFT] + cert * min(move, exact)
     nf[r, DRIFT] = drift
     evaluated = 0
     again = False
-    fresh = full or (drift - anchor_drift[r]) * R >= nf[r, BETA]
-    data = False
     if fresh:  # every ever-fired value, and the exact distance from the anchor
-        data = by_data(d, ns, scatter)
         if data:
             since, _ = eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw)
         else:
@@ -377,12 +407,8 @@ def visit(
         anchor_drift[r] = drift - cert * since
         again = needs_reanchor(r, nf, since, R)
     else:
-        due = 0
-        for q in range(s0, end):
-            if key[q] <= drift:
-                due += 1
-        if due * ns * gram_cost > (ns + due) * d:
-            data = True
+        data = due * ns * gram_cost > (ns + due) * d
+        if data:
             form_move(dw, X, ej, dc, s0, s0 + ns)
     best = np.inf
     stop = s0 + ns if again else end  # re-anchoring recomputes the other entries
@@ -428,6 +454,7 @@ def visit_rows(
     chunks = min(nrows, _EVALUATE_CHUNKS)
     for c in prange(chunks):
         dw = np.empty(X.shape[1])
+        dws = np.empty(X.shape[1])
         zw = np.empty(parts[0].shape[1])
         scratch = np.empty((2, G.shape[0]))
         for k in range(c * nrows // chunks, (c + 1) * nrows // chunks):
@@ -435,7 +462,7 @@ def visit_rows(
             start = fbuf[k] if record else 0
             pos, nevals[k], again[k] = visit(
                 r, seg, nf, pool, scratch, a, E, G, X, xnorm, parts, eta_s, b, R, cert,
-                scatter, gram_cost, dw, zw, anchor_drift, full, f_j, f_v, f_on, start,
+                scatter, gram_cost, dw, dws, zw, anchor_drift, full, f_j, f_v, f_on, start,
             )  # fmt: skip
             nflips[k] = pos - start
             if not again[k]:
