@@ -183,7 +183,7 @@ def test_bad_data_files(tmp_path):
     )
 
 
-ITERS = 4000  # long enough that the signal arrives while training runs
+ITERS = 2000  # long enough that the signal arrives while training runs
 
 
 @pytest.mark.parametrize("method", ["dense", "kernel"])

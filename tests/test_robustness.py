@@ -329,7 +329,7 @@ def _start(tmp_path, *extra):
 
 
 def test_sigterm_saves_like_sigint(tmp_path):
-    proc, out = _start(tmp_path, "--iters", 4000)
+    proc, out = _start(tmp_path, "--iters", 2000)
     deadline = time.time() + 120
     while not (out / "run.json").exists() and time.time() < deadline:
         time.sleep(0.05)
