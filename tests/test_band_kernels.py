@@ -260,8 +260,9 @@ def _visit(st, rows, eta_s, parts, anchor_drift, full, gram_cost):
 
 
 @pytest.mark.parametrize("gram_cost", [0.0, 1e9])  # due values from G, or from the data
-@pytest.mark.parametrize("rank", [1, 6])  # the move bound's principal part: partial, exact
-def test_visit_finds_every_crossing_and_evaluates_fewer(gram_cost, rank):
+# the move bound's principal part: partial, exact, none (every direction within the gain)
+@pytest.mark.parametrize(("rank", "gain"), [(1, 1.0), (6, 1.0), (3, 1e9)])
+def test_visit_finds_every_crossing_and_evaluates_fewer(gram_cost, rank, gain):
     """After each small step, a visit leaves every tracked pair's fire flag equal to the
     brute-force ``U >= b``, with exact values where it evaluated, a drift that grew by
     at least the neuron's true move, and fewer values computed than there are entries."""
@@ -271,7 +272,8 @@ def test_visit_finds_every_crossing_and_evaluates_fewer(gram_cost, rank):
     pool = st.pool.arrays
     rows = np.arange(st.m)
     anchor_drift = np.zeros(st.m)
-    parts = principal_parts(st.X, st.G, rank)
+    parts = principal_parts(st.X, st.G, rank, gain)
+    assert parts[0].shape[1] == (0 if gain > 1 else rank)
     _visit(st, rows, eta_s, parts, anchor_drift, True, gram_cost)  # all values current
     flips = evaluated = 0
     for _ in range(12):
@@ -305,11 +307,16 @@ def test_principal_parts_bound_every_combination(n, d):
     rng = np.random.default_rng(3)
     X = rng.standard_normal((n, d)) @ np.diag(np.linspace(3.0, 0.1, d))  # decaying spectrum
     G = X @ X.T
-    k = 4
-    Z, resid, rho = principal_parts(X, G, k)
     s = np.linalg.svd(X, compute_uv=False)
+    k = 4
+    Z, resid, rho = principal_parts(X, G, k, 1.0)
     assert Z.shape == (n, k) and rho >= s[k] and rho <= s[k] * 1.001 + 1e-6
     np.testing.assert_allclose(np.linalg.norm(Z, axis=0), s[:k], rtol=1e-9)
+    # no directions when ||X||_2 is within the gain of the rank-k ρ
+    Z, resid, rho = principal_parts(X, G, k, 0.99 * s[0] / s[k])
+    assert Z.shape == (n, k)
+    Z, resid, rho = principal_parts(X, G, k, 1.01 * s[0] / s[k])
+    assert Z.shape == (n, 0) and rho >= s[0] and rho <= s[0] * 1.001 + 1e-6
     for _ in range(50):
         S = rng.random(n) < 0.5
         c = rng.standard_normal(S.sum())

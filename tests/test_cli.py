@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -183,7 +184,22 @@ def test_bad_data_files(tmp_path):
     )
 
 
-ITERS = 2000  # long enough that the signal arrives while training runs
+ITERS = 600  # the signal comes after the first scheduled checkpoint, long before the end
+EVERY = 20
+
+
+def signal_mid_run(proc, out, sig):
+    """Send ``sig`` to a ``train --checkpoint-every EVERY`` run once its first scheduled
+    checkpoint exists (it is training), wait for it to stop; returns its stderr and the
+    iteration after which it says it saved its state."""
+    deadline = time.time() + 120
+    while not (out / "checkpoint.npz").exists() and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "state saved" in err and "--resume" in err and "Traceback" not in err
+    return err, int(re.search(r"interrupted after iteration (\d+)", err).group(1))
 
 
 @pytest.mark.parametrize("method", ["dense", "kernel"])
@@ -210,22 +226,15 @@ def test_sigint_saves_a_checkpoint_and_resume_is_exact(tmp_path, method):
     run(*common, "--out", whole)
     cut = tmp_path / "cut"
     proc = subprocess.Popen(
-        [*CLI, *map(str, common), "--out", str(cut)],
+        [*CLI, *map(str, common), "--checkpoint-every", str(EVERY), "--out", str(cut)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.time() + 120
-    while not (cut / "run.json").exists() and time.time() < deadline:
-        time.sleep(0.05)
-    time.sleep(1.0)  # let it train a while
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
-    assert "state saved" in err and "--resume" in err and "Traceback" not in err
+    _, t = signal_mid_run(proc, cut, signal.SIGINT)
     saved = np.load(cut / "checkpoint.npz", allow_pickle=False)
     done = len(json.loads(str(saved["manifest"]))["history"]["loss"])
-    assert 0 < done < ITERS
+    assert EVERY <= done == t + 1 < ITERS  # the state after the iteration it names
     run("train", "--resume", cut, "--quiet")
     a = ct.TwoLayerReLU.load(whole / "model.npz")
     b = ct.TwoLayerReLU.load(cut / "model.npz")

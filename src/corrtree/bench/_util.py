@@ -134,10 +134,11 @@ def settle(
     return waited
 
 
-def in_child(func: Callable[..., Any], *args: Any) -> Any:
+def in_child(func: Callable[..., Any], *args: Any, settle_first: bool = True) -> Any:
     """Run ``func(*args)`` in a fresh process (so its peak RSS is its own), once the
-    machine has settled (:func:`settle`)."""
-    settle()
+    machine has settled (:func:`settle`; not if ``settle_first`` is false)."""
+    if settle_first:
+        settle()
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     proc = ctx.Process(target=_child_entry, args=(queue, func, args))

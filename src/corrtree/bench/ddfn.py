@@ -179,10 +179,11 @@ def _peak_memory_child(kind: str, n: int, m: int, d: int) -> dict:
     }
 
 
-def peak_memory(n: int, m: int, d: int) -> dict:
-    """Peak RSS increase of building each structure, each in a fresh process."""
+def peak_memory(n: int, m: int, d: int, settle_first: bool = True) -> dict:
+    """Peak RSS increase of building each structure, each in a fresh process (started
+    once the machine has settled, if ``settle_first``)."""
     kinds = ("gemm", "CorrelationDTree", "CorrelationWTree", "FiringDetector")
-    return {k: in_child(_peak_memory_child, k, n, m, d) for k in kinds}
+    return {k: in_child(_peak_memory_child, k, n, m, d, settle_first=settle_first) for k in kinds}
 
 
 def query_vs_output(n: int, m: int, d: int, seed: int = 0) -> dict:
@@ -230,7 +231,7 @@ def run(size: str = "large", out_dir: str = "benchmarks/results") -> dict:
         ["structure", "seconds", "vs one GEMM"],
         [[k, v["seconds"], v["vs_gemm"]] for k, v in init.items()],
     )
-    mem = peak_memory(n, p["mem_m"], d)
+    mem = peak_memory(n, p["mem_m"], d, settle_first=size != "small")  # small: a check
     print_table(
         f"Memory, n={n}, m={p['mem_m']}, d={d} (products: {8 * n * p['mem_m'] / 2**20:.0f} MiB)",
         ["structure", "structure / products", "peak RSS increase / products"],

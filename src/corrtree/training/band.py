@@ -420,40 +420,21 @@ class BandTrainer(Trainer):
         """:func:`evaluate_rows` on ``rows``: returns the flips per neuron, the re-anchor
         mask and, if ``record``, the flips as ``(r, j, value, on)`` arrays."""
         st = self.store
+        args = (*self._store_args(), err, self.G, self.X, st.xnorm, self.eta_s, self.b, st.R)
+        args += (self.cert, _config.scatter_cost(st.n))
+        return self._in_groups(rows, record, evaluate_rows, args)
 
-        def run(part, fbuf, f_j, f_v, f_on, nflips, nevals, again):
-            evaluate_rows(
-                part,
-                st.seg,
-                st.nf,
-                st.pool.arrays,
-                self.a,
-                st.E,
-                err,
-                self.G,
-                self.X,
-                st.xnorm,
-                self.eta_s,
-                self.b,
-                st.R,
-                self.cert,
-                _config.scatter_cost(st.n),
-                fbuf,
-                f_j,
-                f_v,
-                f_on,
-                nflips,
-                nevals,
-                again,
-            )
-
-        return self._in_groups(rows, record, run)
+    def _store_args(self) -> tuple:
+        """The arguments every per-neuron kernel takes first after its rows: ``seg``,
+        ``nf``, the pool's arrays, ``a`` and ``E``."""
+        st = self.store
+        return st.seg, st.nf, st.pool.arrays, self.a, st.E
 
     def _in_groups(
-        self, rows: np.ndarray, record: bool, run: Callable[..., None]
+        self, rows: np.ndarray, record: bool, kernel: Callable[..., None], args: tuple
     ) -> tuple[np.ndarray, np.ndarray, tuple | None]:
-        """``run(part, fbuf, f_j, f_v, f_on, nflips, nevals, again)`` on consecutive
-        groups of ``rows``, a kernel that records the flips of ``part[k]`` at
+        """``kernel(part, *args, fbuf, f_j, f_v, f_on, nflips, nevals, again)`` on
+        consecutive groups of ``rows``, a kernel that records the flips of ``part[k]`` at
         ``f_*[fbuf[k]:]`` (when ``record``) and fills the three per-row outputs; returns
         the flips per neuron, the re-anchor mask and, if ``record``, the flips as
         ``(r, j, value, on)`` arrays."""
@@ -474,7 +455,7 @@ class BandTrainer(Trainer):
             f_j = st.buffer("flip_j", (fbuf[-1],), np.int32)  # as pool.j
             f_v = st.buffer("flip_value", (fbuf[-1],))
             f_on = st.buffer("flip_on", (fbuf[-1],), np.bool_)
-            run(part, fbuf, f_j, f_v, f_on, nflips[g0:g1], nevals[g0:g1], again[g0:g1])
+            kernel(part, *args, fbuf, f_j, f_v, f_on, nflips[g0:g1], nevals[g0:g1], again[g0:g1])
             if record:
                 found.append(gather_flips(part, fbuf, nflips[g0:g1], f_j, f_v, f_on))
         flips = tuple(np.concatenate(a) for a in zip(*found, strict=True)) if record else None

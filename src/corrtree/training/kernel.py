@@ -215,31 +215,40 @@ def _apply_flips_rows(fr, fj, fv, fon, seg, pool, u, H, a, G, b, scale, m, lo, h
     return d_fired, d_moved
 
 
-def principal_parts(X: np.ndarray, G: np.ndarray, rank: int) -> tuple[np.ndarray, ...]:
-    """The data along its ``k = min(rank, d, n)`` principal directions, for the move bound
-    of :func:`visit`: ``Z = X Q`` (n×k, ``Q`` orthonormal d×k), the residual norms
-    ``||x_l - Q z_l||`` and a bound on the residual's spectral norm
+def principal_parts(X: np.ndarray, G: np.ndarray, rank: int, gain: float) -> tuple[np.ndarray, ...]:
+    """The data along its leading principal directions, for the move bound of
+    :func:`visit`: ``Z = X Q`` (n×k, ``Q`` orthonormal d×k), the residual norms
+    ``||x_l - Q z_l||`` and a bound ``ρ`` on the residual's spectral norm
     ``||X - Z Qᵀ||_2`` (the (k+1)-th singular value of X), each enlarged to cover
-    the rounding of the eigensolver and of ``Z``.  Returns ``(Z, residual norms,
-    residual bound)``.  O(n·d·min(n, d) + min(n, d)³), from ``G`` when ``n <= d``.
+    the rounding of the eigensolver and of ``Z``.  ``k = min(rank, d, n)``, or 0 when
+    ``||X||_2`` is within ``gain`` of that ``ρ`` (data without leading directions,
+    as isotropic data): the bound is then ``||X||_2·||dl||``, with no O(k) work per
+    pair.  Returns ``(Z, residual norms, ρ)``.  O(n·d·min(n, d) + min(n, d)³), from
+    ``G`` when ``n <= d``.
     """
     n, d = X.shape
-    k = min(rank, d, n)
-    if n <= d:  # X = U S Vᵀ: the top rows of S Vᵀ, Z = U_k S_k
+    if n <= d:  # X = U S Vᵀ: eigenpairs of G = U S² Uᵀ
         lam, vec = np.linalg.eigh(G)
-        top = np.maximum(lam[::-1][:k], 0.0)
-        Z = np.ascontiguousarray(vec[:, ::-1][:, :k] * np.sqrt(top))
-        Q = X.T @ vec[:, ::-1][:, :k] / np.where(top > 0, np.sqrt(top), 1.0)
-    else:
+    else:  # eigenpairs of Xᵀ X = V S² Vᵀ
         lam, vec = np.linalg.eigh(X.T @ X)
-        Q = vec[:, ::-1][:, :k]
-        Z = np.ascontiguousarray(X @ Q)
-    lam = lam[::-1]
-    scale = max(float(lam[0]), 0.0) if lam.shape[0] else 0.0
+    lam, vec = lam[::-1], vec[:, ::-1]
+    k = min(rank, d, n)
     rest = float(lam[k]) if lam.shape[0] > k else 0.0
+    if k and lam[0] <= gain * gain * rest:  # no leading directions: none
+        k = 0
+        rest = float(lam[0])
+    if n <= d:  # the top rows of S Vᵀ: Z = U_k S_k, Q = Xᵀ U_k / S_k
+        top = np.maximum(lam[:k], 0.0)
+        Z = np.ascontiguousarray(vec[:, :k] * np.sqrt(top))
+        Q = X.T @ vec[:, :k] / np.where(top > 0, np.sqrt(top), 1.0)
+    else:
+        Q = vec[:, :k]
+        Z = np.ascontiguousarray(X @ Q)
+    scale = max(float(lam[0]), 0.0) if lam.shape[0] else 0.0
     # eigenvalues err by ~min(n, d)·2⁻⁵³·λ_1; Q's columns are orthonormal to the same order
     slack = 64.0 * min(n, d) * _U64 * scale
-    resid = np.sqrt(np.einsum("ij,ij->i", X - Z @ Q.T, X - Z @ Q.T))
+    R = X - Z @ Q.T
+    resid = np.sqrt(np.einsum("ij,ij->i", R, R))
     bound = math.sqrt(max(rest, 0.0) + slack) * _ROUND_UP
     xn = np.sqrt(np.einsum("ij,ij->i", X, X))
     return Z, resid * _ROUND_UP + math.sqrt(slack / max(scale, 1e-300)) * xn, bound
@@ -495,7 +504,9 @@ class KernelTrainer(BandTrainer):
             )
         super()._prepare(W0, **options)
         self.H = ntk_matrix(*self.store.firing_csr(), self.G, self.a, self.width)
-        self._parts = principal_parts(self.X, self.G, _config.PROJECTION_RANK)
+        self._parts = principal_parts(
+            self.X, self.G, _config.PROJECTION_RANK, _config.PROJECTION_GAIN
+        )
         self.P = 0.0
         self.anchor_drift = np.zeros(self.m)  # D_r - anchor_drift[r] bounds the distance
         self._consistent = True  # every ever-fired value is of the neuron's last visit
@@ -562,7 +573,9 @@ class KernelTrainer(BandTrainer):
         self.H = arrays["H"]
         self.P = scalars["P"]
         self.anchor_drift = arrays["anchor_drift"]
-        self._parts = principal_parts(self.X, self.G, _config.PROJECTION_RANK)
+        self._parts = principal_parts(
+            self.X, self.G, _config.PROJECTION_RANK, _config.PROJECTION_GAIN
+        )
         self._consistent = False
         self.heap_size = ids.shape[0]
         self.heap_keys = np.empty(self.m)
@@ -612,39 +625,10 @@ class KernelTrainer(BandTrainer):
         """:func:`visit_rows` on ``rows`` (``full``: every ever-fired value); returns the
         mask of the rows to re-anchor and the flips as ``(r, j, value, on)`` arrays."""
         st = self.store
-
-        def run(part, fbuf, f_j, f_v, f_on, nflips, nevals, again):
-            visit_rows(
-                part,
-                st.seg,
-                st.nf,
-                st.pool.arrays,
-                self.a,
-                st.E,
-                self.G,
-                self.X,
-                st.xnorm,
-                self._parts,
-                self.eta_s,
-                self.b,
-                st.R,
-                self.cert,
-                _config.scatter_cost(st.n),
-                _config.GRAM_ROW_COST,
-                self.anchor_drift,
-                full,
-                self.P,
-                self.per_p,
-                fbuf,
-                f_j,
-                f_v,
-                f_on,
-                nflips,
-                nevals,
-                again,
-            )
-
-        _, again, flips = self._in_groups(rows, True, run)
+        args = (*self._store_args(), self.G, self.X, st.xnorm, self._parts, self.eta_s, self.b)
+        args += (st.R, self.cert, _config.scatter_cost(st.n), _config.GRAM_ROW_COST)
+        args += (self.anchor_drift, full, self.P, self.per_p)
+        _, again, flips = self._in_groups(rows, True, visit_rows, args)
         return again, flips
 
     def _apply(self, flips: tuple[np.ndarray, ...]) -> int:
