@@ -394,7 +394,7 @@ def test_reanchor_recomputes_rows_and_bands(gemm, anchor, gain, safe, block_byte
     np.testing.assert_allclose(C2, C, atol=1e-14)
 
 
-def test_apply_flips_keeps_h_the_ntk_of_the_fire_sets():
+def test_apply_flips_keeps_h_the_ntk_of_the_fire_sets(monkeypatch):
     st, rng = _state(7)
     F0 = np.zeros((st.m, st.n), dtype=bool)
     indptr, idx = st.firing_csr()
@@ -416,9 +416,11 @@ def test_apply_flips_keeps_h_the_ntk_of_the_fire_sets():
         fo += list(f_on[:pos])
     assert len(fr) > 0
     flips = (np.array(fr, np.int64), np.array(fj, np.int64), np.array(fv), np.array(fo, np.bool_))
-    # the same additions in the same order on one thread as on two: equal bits
-    H1, u1 = H.copy(), u.copy()
+    # the same additions in the same order on one thread as on two, and on the calling
+    # thread (few flips): equal bits
+    H1, u1, H0, u0 = H.copy(), u.copy(), H.copy(), u.copy()
     args = (st.a, st.G, st.b, 1 / np.sqrt(st.m), float(st.m))
+    monkeypatch.setattr(_config, "SERIAL_WORK", 0)  # the parallel kernel
     threads = numba.get_num_threads()
     numba.set_num_threads(1)
     try:
@@ -426,10 +428,14 @@ def test_apply_flips_keeps_h_the_ntk_of_the_fire_sets():
     finally:
         numba.set_num_threads(threads)
     many = apply_flips(*flips, st.seg, st.pool.arrays, u, H, *args)
-    assert one == many
+    monkeypatch.setattr(_config, "SERIAL_WORK", len(fr) + 1)  # on the calling thread
+    serial = apply_flips(*flips, st.seg, st.pool.arrays, u0, H0, *args)
+    assert one == many == serial
     np.testing.assert_array_equal(H, H1)
+    np.testing.assert_array_equal(H, H0)
     np.testing.assert_array_equal(H, H.T)
     np.testing.assert_array_equal(u, u1)
+    np.testing.assert_array_equal(u, u0)
     F1 = np.zeros_like(F0)
     indptr, idx = st.firing_csr()
     for r in range(st.m):

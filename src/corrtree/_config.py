@@ -104,6 +104,9 @@ FORWARD_CHUNKS = 64
 #: Neurons are evaluated, and re-anchored ones rebuilt, in this many runs, each
 #: with its own scratch vectors.
 EVALUATE_CHUNKS = 256
+#: Fewer neurons to visit, or flips to add, than this are done on the calling thread
+#: (kernel trainer): waking the other threads costs more than a handful of visits.
+SERIAL_WORK = 32
 #: Re-anchored neurons are rebuilt at least this many a run: each run zero-fills
 #: O(n) scratch, which would outweigh the few neurons of a small re-anchoring.
 REBUILD_ROWS = 64

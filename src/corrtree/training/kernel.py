@@ -128,10 +128,24 @@ def apply_flips(fr, fj, fv, fon, seg, pool, u, H, a, G, b, scale, m) -> tuple[in
     Each thread owns a range of points: it walks all the flips and writes only
     the rows of ``H`` and ``u`` of its points, so every entry receives its
     additions in the serial order, whatever the number of threads.
-    O(Σ_flips |S_r|·K²) writes, plus the walk per thread.
+    Fewer than :data:`~corrtree._config.SERIAL_WORK` flips are added on the calling
+    thread: the late steps of a run flip a handful of pairs, and waking the other
+    threads costs more than that (on a virtual machine whose idle cores halt,
+    milliseconds).  O(Σ_flips |S_r|·K²) writes, plus the walk per thread.
     """
+    if fr.shape[0] < _config.SERIAL_WORK:
+        return _apply_flips_rows(fr, fj, fv, fon, seg, pool, u, H, a, G, b, scale, m, 0, u.shape[0])
     parts = max(1, min(numba.get_num_threads(), u.shape[0]))
     return _apply_flips(fr, fj, fv, fon, seg, pool, u, H, a, G, b, scale, m, parts)
+
+
+@njit(cache=True)
+def _new_h_cost(seg, K2):
+    """``Σ_r |S_r|²·K²``: the additions that build ``H`` anew.  O(m)."""
+    total = 0.0
+    for r in range(seg.shape[0]):
+        total += float(seg[r, NFIRE]) ** 2
+    return total * K2
 
 
 @njit(cache=True)
@@ -450,32 +464,59 @@ def visit(
     return fpos, evaluated, again
 
 
+@njit(cache=True)
+def _visit_range(
+    rows, lo, hi, seg, nf, pool, a, E, G, X, xnorm, parts, eta_s, b, R, cert, scatter,
+    gram_cost, anchor_drift, full, P, per_p, fbuf, f_j, f_v, f_on, nflips, nevals, again,
+):  # fmt: skip
+    """:func:`visit` for ``rows[lo:hi]`` on this thread, with its own scratch vectors;
+    each gets its new key (:func:`_heap_key`) unless it must be re-anchored
+    (``again[k]``).  The flips of ``rows[k]`` are recorded at ``f_*[fbuf[k]:]``
+    (when ``f_j`` is non-empty)."""
+    record = f_j.shape[0] > 0
+    dw = np.empty(X.shape[1])
+    dws = np.empty(X.shape[1])
+    zw = np.empty(parts[0].shape[1])
+    scratch = np.empty((2, G.shape[0]))
+    for k in range(lo, hi):
+        r = rows[k]
+        start = fbuf[k] if record else 0
+        pos, nevals[k], again[k] = visit(
+            r, seg, nf, pool, scratch, a, E, G, X, xnorm, parts, eta_s, b, R, cert,
+            scatter, gram_cost, dw, dws, zw, anchor_drift, full, f_j, f_v, f_on, start,
+        )  # fmt: skip
+        nflips[k] = pos - start
+        if not again[k]:
+            nf[r, KEY] = _heap_key(r, nf, anchor_drift, R, P, per_p)
+
+
 @njit(cache=True, parallel=True)
 def visit_rows(
     rows, seg, nf, pool, a, E, G, X, xnorm, parts, eta_s, b, R, cert, scatter, gram_cost,
     anchor_drift, full, P, per_p, fbuf, f_j, f_v, f_on, nflips, nevals, again,
 ):  # fmt: skip
-    """:func:`visit` for every neuron of ``rows``, in parallel chunks; each gets its new
-    key (:func:`_heap_key`) unless it must be re-anchored (``again[k]``).  The flips of
-    ``rows[k]`` are recorded at ``f_*[fbuf[k]:]`` (when ``f_j`` is non-empty)."""
-    record = f_j.shape[0] > 0
+    """:func:`_visit_range` for every neuron of ``rows``, in parallel chunks."""
     nrows = rows.shape[0]
     chunks = min(nrows, _EVALUATE_CHUNKS)
     for c in prange(chunks):
-        dw = np.empty(X.shape[1])
-        dws = np.empty(X.shape[1])
-        zw = np.empty(parts[0].shape[1])
-        scratch = np.empty((2, G.shape[0]))
-        for k in range(c * nrows // chunks, (c + 1) * nrows // chunks):
-            r = rows[k]
-            start = fbuf[k] if record else 0
-            pos, nevals[k], again[k] = visit(
-                r, seg, nf, pool, scratch, a, E, G, X, xnorm, parts, eta_s, b, R, cert,
-                scatter, gram_cost, dw, dws, zw, anchor_drift, full, f_j, f_v, f_on, start,
-            )  # fmt: skip
-            nflips[k] = pos - start
-            if not again[k]:
-                nf[r, KEY] = _heap_key(r, nf, anchor_drift, R, P, per_p)
+        _visit_range(
+            rows, c * nrows // chunks, (c + 1) * nrows // chunks, seg, nf, pool, a, E, G, X,
+            xnorm, parts, eta_s, b, R, cert, scatter, gram_cost, anchor_drift, full, P, per_p,
+            fbuf, f_j, f_v, f_on, nflips, nevals, again,
+        )  # fmt: skip
+
+
+@njit(cache=True)
+def visit_few(
+    rows, seg, nf, pool, a, E, G, X, xnorm, parts, eta_s, b, R, cert, scatter, gram_cost,
+    anchor_drift, full, P, per_p, fbuf, f_j, f_v, f_on, nflips, nevals, again,
+):  # fmt: skip
+    """:func:`visit_rows` on the calling thread, for a few rows (the same results)."""
+    _visit_range(
+        rows, 0, rows.shape[0], seg, nf, pool, a, E, G, X, xnorm, parts, eta_s, b, R, cert,
+        scatter, gram_cost, anchor_drift, full, P, per_p, fbuf, f_j, f_v, f_on, nflips,
+        nevals, again,
+    )  # fmt: skip
 
 
 class KernelTrainer(BandTrainer):
@@ -628,7 +669,8 @@ class KernelTrainer(BandTrainer):
         args = (*self._store_args(), self.G, self.X, st.xnorm, self._parts, self.eta_s, self.b)
         args += (st.R, self.cert, _config.scatter_cost(st.n), _config.GRAM_ROW_COST)
         args += (self.anchor_drift, full, self.P, self.per_p)
-        _, again, flips = self._in_groups(rows, True, visit_rows, args)
+        few = rows.shape[0] < _config.SERIAL_WORK  # waking the other threads costs more
+        _, again, flips = self._in_groups(rows, True, visit_few if few else visit_rows, args)
         return again, flips
 
     def _apply(self, flips: tuple[np.ndarray, ...]) -> int:
@@ -642,11 +684,12 @@ class KernelTrainer(BandTrainer):
         built anew instead: the same matrix up to rounding.
         """
         fr, fj, fv, fon = flips
+        if not fr.shape[0]:
+            return 0
         st = self.store
-        nfire = st.seg[:, NFIRE].astype(np.float64)
-        writes = float(nfire[fr].sum())
         K2 = self.a.shape[1] ** 2
-        if _config.FLIP_WRITE_COST * writes * K2 > float(nfire @ nfire) * K2 + self.H.shape[0] ** 2:
+        cost = _config.FLIP_WRITE_COST * float(st.seg[fr, NFIRE].sum()) * K2
+        if cost > self.H.shape[0] ** 2 and cost > _new_h_cost(st.seg, K2) + self.H.shape[0] ** 2:
             self.H = ntk_matrix(*st.firing_csr(), self.G, self.a, self.width)
             flip_outputs(fr, fj, fv, fon, self.u, self.a, self.b, self.scale)
             self.fired = st.fired_pairs()
