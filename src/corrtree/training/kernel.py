@@ -292,6 +292,12 @@ def _heap_key(r, nf, anchor_drift, R, P, per_p):
     return P + max(slack, 0.0) / rate if rate > 0 else np.inf
 
 
+@njit(cache=True, inline="always")
+def _entry_key(drift, v, b, xn):
+    """The drift at which an entry of value ``v`` at drift ``drift`` may reach ``b``."""
+    return drift + abs(v - b) / xn if xn > 0 else np.inf
+
+
 @njit(cache=True, parallel=True)
 def anchor_keys(rows, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, anchor_drift):
     """Keys of freshly anchored neurons ``rows`` (all values current): every entry's, the
@@ -303,8 +309,7 @@ def anchor_keys(rows, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, ancho
         best = np.inf
         s0 = seg[r, START]
         for q in range(s0, s0 + seg[r, CNT]):
-            xn = xnorm[ej[q]]
-            key[q] = drift + abs(val[q] - b) / xn if xn > 0 else np.inf
+            key[q] = _entry_key(drift, val[q], b, xnorm[ej[q]])
             best = min(best, key[q])
         nf[r, MINKEY] = best
         anchor_drift[r] = drift
@@ -365,12 +370,14 @@ def visit(
     l1 = 0.0
     l1_all = 0.0
     xmax = 0.0
+    xall = 0.0
     for q in range(s0, s0 + ns):
         c = coef(q, r, pool, a, E, eta_s)
         dl = c - clast[q]
         dls[q - s0] = dl
         l1_all += abs(dl)
         j = ej[q]
+        xall = max(xall, xnorm[j])
         if fire[q]:
             sq += dl * dl
             res2 += resid[j] * resid[j]
@@ -404,9 +411,6 @@ def visit(
             sqx = 0.0
             for t in range(d):
                 sqx += dws[t] * dws[t]
-            xall = 0.0
-            for q in range(s0, s0 + ns):
-                xall = max(xall, xnorm[ej[q]])
             exact = (math.sqrt(sqx) + 4.0 * (ns + d + 4) * _U64 * l1_all * xall) * _ROUND_UP
         else:  # dlᵀ G dl, |P|² reads
             sqx = 0.0
@@ -452,8 +456,7 @@ def visit(
                     f_j[fpos], f_v[fpos], f_on[fpos] = ej[q], v, now
                 fpos += 1
                 pos = flip(r, q, seg, pool, a, E, eta_s, now)
-            xn = xnorm[ej[pos]]
-            key[pos] = drift + abs(v - b) / xn if xn > 0 else np.inf
+            key[pos] = _entry_key(drift, v, b, xnorm[ej[pos]])
             best = min(best, key[pos])
         else:
             best = min(best, key[q])
