@@ -168,6 +168,20 @@ def test_the_command_line_with_workers(tmp_path):
     assert both.returncode == 1 and "not both" in both.stderr
 
 
+def test_lr_auto_on_shards_beyond_the_formed_matrix(monkeypatch):
+    """Lanczos on the summed shares of the sparse products (warm start included)
+    gives the single-process lr within its tolerance."""
+    from corrtree import _config
+
+    monkeypatch.setattr(_config, "NTK_DENSE_EIG_LIMIT", 10)
+    monkeypatch.setattr(_config, "NTK_DENSE_MATVEC_LIMIT", 10)
+    monkeypatch.setattr(_config, "NTK_WARM_NEURONS", 300)
+    X, y, model0 = _problem(3)
+    _, ref = _train(model0, X, y, method="lazy", iters=0)
+    _, hist = _train(model0, X, y, method="lazy", iters=0, shards=3)
+    assert hist.lr == pytest.approx(ref.lr, rel=1e-6)
+
+
 def test_the_core_does_not_import_dask():
     code = (
         "import sys, corrtree as ct; ds = ct.datasets.sphere(n=20, d=4); "

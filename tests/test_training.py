@@ -74,10 +74,10 @@ def test_lanczos_path_matches_dense_eigenvalue(monkeypatch):
     indptr, idx = ct.training._sparse.keys_to_csr(np.flatnonzero(F.T), model.m, 40)
     G = X @ X.T
     a = model.output_weights
-    dense = _ntk.lambda_max(indptr, idx, G, a)
+    dense = _ntk.lambda_max(indptr, idx, G, a, X)
     monkeypatch.setattr(_config, "NTK_DENSE_EIG_LIMIT", 10)
     monkeypatch.setattr(_config, "NTK_DENSE_MATVEC_LIMIT", 10)
-    assert _ntk.lambda_max(indptr, idx, G, a) == pytest.approx(dense, rel=1e-9)
+    assert _ntk.lambda_max(indptr, idx, G, a, X) == pytest.approx(dense, rel=1e-4)  # Lanczos
     H = _ntk.ntk_matrix(indptr, idx, G, a)
     np.testing.assert_allclose(H, _naive_ntk(model, X), rtol=1e-12, atol=1e-15)
 
@@ -229,8 +229,59 @@ def test_ntk_matvec_both_ways_against_the_dense_matrix(monkeypatch, scatter_cost
     np.testing.assert_array_equal(matvec(v), matvec(v))  # deterministic
     monkeypatch.setattr(_config, "NTK_DENSE_EIG_LIMIT", 10)
     monkeypatch.setattr(_config, "NTK_DENSE_MATVEC_LIMIT", 10)
-    lam = _ntk.lambda_max(indptr, idx, G, a, None, None, X)
+    lam = _ntk.lambda_max(indptr, idx, G, a, X)
     assert lam == pytest.approx(np.linalg.eigvalsh(H)[-1], rel=1e-4)
+
+
+def _fire_csr(model, X, cols=slice(None)):
+    F = (X @ model.W.T >= model.b)[:, cols]
+    return ct.training._sparse.keys_to_csr(np.flatnonzero(F.T), F.shape[1], X.shape[0])
+
+
+def test_ntk_operator_products_and_their_shares(monkeypatch):
+    """The three products of NTKOperator against the explicit matrices, and the
+    shares of two halves of the neurons summing to the whole network's."""
+    n, m, K = 30, 400, 3
+    X, _, model = _problem(n, m, 5, K, 8)
+    G, a = X @ X.T, np.array(model.output_weights)
+    monkeypatch.setattr(_config, "NTK_WARM_NEURONS", 100)  # the sample: every 4th neuron
+    op = _ntk.NTKOperator(*_fire_csr(model, X), G, a, X)
+    halves = [
+        _ntk.NTKOperator(*_fire_csr(model, X, part), G, a[part], X, m)
+        for part in (slice(0, 200), slice(200, m))
+    ]
+    H = _naive_ntk(model, X)
+    F = (X @ model.W.T >= model.b).astype(float)[:, ::4]
+    M = (F * (a[::4] ** 2).mean(axis=1)) @ F.T * G / m
+    rng = np.random.default_rng(1)
+    v, u = rng.standard_normal(n * K), rng.standard_normal(n)
+    u /= np.linalg.norm(u)
+    B = np.stack([np.outer(u, e).ravel() for e in np.eye(K)], axis=1)
+    for got, want, tol in [
+        (lambda o: o.matvec(v), H @ v, 1e-5),  # float32 sums from X, or float64 Gram reads
+        (lambda o: o.sample_matvec(u), M @ u, 1e-5),
+        (lambda o: o.ritz(u), B.T @ H @ B, 1e-12),
+    ]:
+        np.testing.assert_allclose(got(op), want, rtol=tol, atol=tol * np.abs(want).max())
+        shares = got(halves[0]) + got(halves[1])
+        np.testing.assert_allclose(shares, want, rtol=tol, atol=tol * np.abs(want).max())
+
+
+@pytest.mark.parametrize("outputs", [1, 3])
+def test_warm_start_is_near_the_top_eigenvector(monkeypatch, outputs):
+    """The start ``u ⊗ c`` has a Rayleigh quotient close to λ_max, where a random
+    vector's is far below it; Lanczos from it gives λ_max within its tolerance."""
+    n, m = 60, 3000
+    X, _, model = _problem(n, m, 8, outputs, 5)
+    monkeypatch.setattr(_config, "NTK_WARM_NEURONS", 500)
+    op = _ntk.NTKOperator(*_fire_csr(model, X), X @ X.T, np.array(model.output_weights), X)
+    v0 = _ntk.warm_start(n, outputs, op.sample_matvec, op.ritz)
+    H = _naive_ntk(model, X)
+    lam = np.linalg.eigvalsh(H)[-1]
+    g = np.random.default_rng(0).standard_normal(n * outputs)
+    assert v0 @ H @ v0 / (v0 @ v0) >= 0.85 * lam
+    assert g @ H @ g / (g @ g) <= 0.5 * lam
+    assert _ntk.top_eigenvalue(n * outputs, op.matvec, v0=v0) == pytest.approx(lam, rel=1e-4)
 
 
 def test_every_method_takes_the_same_lanczos_way(monkeypatch):
@@ -257,4 +308,4 @@ def test_lanczos_on_the_formed_matrix(monkeypatch):
     a = model.output_weights
     want = np.linalg.eigvalsh(_ntk.ntk_matrix(indptr, idx, G, a))[-1]
     monkeypatch.setattr(_config, "NTK_DENSE_EIG_LIMIT", 10)  # 80 > 10: Lanczos on H
-    assert _ntk.lambda_max(indptr, idx, G, a) == pytest.approx(want, rel=1e-4)
+    assert _ntk.lambda_max(indptr, idx, G, a, X) == pytest.approx(want, rel=1e-4)

@@ -44,11 +44,12 @@ from ._io import atomic_savez, remove_stale_temporaries
 from .model import TwoLayerReLU
 from .training._base import PHASES, Trainer
 from .training._ntk import (
+    NTKOperator,
     dense_top_eigenvalue,
     lr_from_lambda,
     ntk_matrix,
-    ntk_matvec,
     top_eigenvalue,
+    warm_start,
 )
 from .training._registry import TRAINERS
 from .training._state import CheckpointError
@@ -112,6 +113,7 @@ class Shard:
     def __init__(self) -> None:
         self.trainer: Trainer | None = None
         self._prepared = None
+        self._ntk: NTKOperator | None = None
 
     # -- building --------------------------------------------------------------------
     def prepare(
@@ -136,7 +138,7 @@ class Shard:
 
     def ntk(self, dense: bool) -> np.ndarray | None:
         """This slice's share of the NTK matrix at ``W(0)`` (dense), or ``None`` after
-        readying :meth:`ntk_matvec`."""
+        readying :meth:`ntk_product`."""
         _limit_threads()
         indptr, idx = self._prepared.initial_fire_sets()
         width = self._prepared.width
@@ -147,21 +149,22 @@ class Shard:
                 if H is None
                 else H
             )
-        self._matvec = ntk_matvec(
-            indptr, idx, self.G, np.array(self.model.output_weights), width, self.X
+        self._ntk = NTKOperator(
+            indptr, idx, self.G, np.array(self.model.output_weights), self.X, width
         )
         return None
 
-    def ntk_matvec(self, v: np.ndarray) -> np.ndarray:
-        """This slice's share of ``H v``."""
+    def ntk_product(self, product: str, v: np.ndarray) -> np.ndarray:
+        """This slice's share of one product of :class:`NTKOperator` (``"matvec"``,
+        ``"sample_matvec"`` or ``"ritz"``) with ``v``."""
         _limit_threads()
-        return self._matvec(v)
+        return getattr(self._ntk, product)(v)
 
     def start(self, lr: float) -> np.ndarray:
         """Begin training at ``lr``; returns the slice's share of ``u(0)``."""
         _limit_threads()
         self.trainer = self._prepared.start(lr)
-        self._prepared = self._matvec = None
+        self._prepared = self._ntk = None
         return self.trainer.outputs()
 
     def restore(self, path: str, X: np.ndarray, Y: np.ndarray) -> np.ndarray:
@@ -369,9 +372,14 @@ def train_sharded(
         order = X.shape[0] * model.outputs
         if order <= _config.NTK_DENSE_MATVEC_LIMIT:  # the shares, summed once
             lam = dense_top_eigenvalue(sum(pool.call("ntk", [(True,)] * count)))
-        else:  # Lanczos, one round trip per step
+        else:  # Lanczos from a warm start, one round trip per product
             pool.call("ntk", [(False,)] * count)
-            lam = top_eigenvalue(order, lambda v: sum(pool.call("ntk_matvec", [(v,)] * count)))
+
+            def summed(product: str) -> Callable:
+                return lambda v: sum(pool.call("ntk_product", [(product, v)] * count))
+
+            v0 = warm_start(X.shape[0], model.outputs, summed("sample_matvec"), summed("ritz"))
+            lam = top_eigenvalue(order, summed("matvec"), v0=v0)
         lr = lr_from_lambda(lam)
     info = {
         **infos[0],

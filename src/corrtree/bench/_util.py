@@ -223,7 +223,8 @@ def warm_kernels(method: str, outputs: int = 1, **options: Any) -> None:
     tiny = sphere(n=8, d=4, outputs=outputs, seed=1)
     model = TwoLayerReLU.init(d=4, m=64, outputs=outputs)
     train(model, tiny.X_train, tiny.y_train, method=method, iters=2, **options)
-    # lr="auto" beyond the formed-matrix limit: the sparse NTK mat-vec, both ways
+    # lr="auto" beyond the formed-matrix limit: the sparse NTK mat-vec, both ways, and
+    # the warm start's Ritz matrix
     from ..training import _ntk
     from ..training._sparse import keys_to_csr
 
@@ -233,3 +234,4 @@ def warm_kernels(method: str, outputs: int = 1, **options: Any) -> None:
     f32 = (X.astype(np.float32), a.astype(np.float32), v.astype(np.float32))
     _ntk._ntk_matvec_data(*fire, *f32, _ntk._work_bounds(fire[0], 2), float(model.m))
     _ntk.ntk_matvec(*fire, X @ X.T, a)(v.ravel())
+    _ntk.NTKOperator(*fire, X @ X.T, np.array(a), X).ritz(v[:, 0])

@@ -98,7 +98,7 @@ class Trainer:
             # the fire sets, when read, are kept for the first iteration: not lr's cost
             fire = (None, None) if formed_is_used(H) else self.initial_fire_sets()
             t0 = time.perf_counter()
-            lr = lr_from_lambda(lambda_max(*fire, G, self.a, H, self.width, X))
+            lr = lr_from_lambda(lambda_max(*fire, G, self.a, X, H, self.width))
             lr_s = time.perf_counter() - t0
         self.info["lr_s"] = lr_s
         self._begin(lr)

@@ -19,12 +19,14 @@ from .. import _config
 from ._sparse import transpose_csr
 
 __all__ = [
+    "NTKOperator",
     "dense_top_eigenvalue",
     "lambda_max",
     "lr_from_lambda",
     "ntk_matrix",
     "ntk_matvec",
     "top_eigenvalue",
+    "warm_start",
 ]
 
 
@@ -181,18 +183,133 @@ def ntk_matvec(
     return by_gram
 
 
-def top_eigenvalue(order: int, matvec=None, H: np.ndarray | None = None) -> float:
+def top_eigenvalue(
+    order: int, matvec=None, H: np.ndarray | None = None, v0: np.ndarray | None = None
+) -> float:
     """Largest eigenvalue of a symmetric positive semi-definite operator of ``order``:
     LAPACK on the dense ``H`` when given, else Lanczos (ARPACK, tolerance 1e-4, a
-    fixed random start vector, so the result is deterministic) on ``matvec``."""
+    basis of :data:`~corrtree._config.NTK_LANCZOS_BASIS` vectors) on ``matvec`` from
+    ``v0`` (default: a fixed random vector, so the result is deterministic)."""
     if H is not None:
         return float(scipy.linalg.eigvalsh(H, subset_by_index=[order - 1, order - 1])[0])
+    return _lanczos(order, matvec, v0, 1e-4)[0]
+
+
+def _lanczos(order: int, matvec, v0: np.ndarray | None, tol: float) -> tuple[float, np.ndarray]:
+    """Top eigenpair of a symmetric operator by ARPACK's Lanczos to ``tol``; ``order``
+    at least 2."""
     op = scipy.sparse.linalg.LinearOperator((order, order), matvec=matvec, dtype=np.float64)
-    # A generic start vector is not confined to an invariant subspace the way a
-    # constant vector can be.
-    v0 = np.random.default_rng(0).standard_normal(order)
-    val = scipy.sparse.linalg.eigsh(op, k=1, which="LA", v0=v0, tol=1e-4, return_eigenvectors=False)
-    return float(val[0])
+    if v0 is None:
+        # A generic start vector is not confined to an invariant subspace the way a
+        # constant vector can be.
+        v0 = np.random.default_rng(0).standard_normal(order)
+    basis = min(order, _config.NTK_LANCZOS_BASIS)
+    val, vec = scipy.sparse.linalg.eigsh(op, k=1, which="LA", v0=v0, tol=tol, ncv=basis)
+    return float(val[0]), vec[:, 0]
+
+
+@njit(cache=True, parallel=True)
+def _fire_set_norms(indptr_r, idx_r, X, u, bounds):
+    """``||Σ_{j ∈ S̃_r} u_j x_j||²`` (``= u_Sᵀ G_SS u_S``) for every neuron ``r``, in
+    float64; O(d·Σ_r k̃_r), the runs of neurons ``bounds`` in parallel."""
+    d = X.shape[1]
+    out = np.zeros(indptr_r.shape[0] - 1)
+    for c in prange(bounds.shape[0] - 1):
+        z = np.empty(d)
+        for r in range(bounds[c], bounds[c + 1]):
+            z[:] = 0.0
+            for p in range(indptr_r[r], indptr_r[r + 1]):
+                j = idx_r[p]
+                for t in range(d):
+                    z[t] += u[j] * X[j, t]
+            s = 0.0
+            for t in range(d):
+                s += z[t] * z[t]
+            out[r] = s
+    return out
+
+
+def _csr_rows(
+    indptr: np.ndarray, idx: np.ndarray, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The CSR pattern of the rows ``rows`` of ``(indptr, idx)``; O(len(rows) + their nnz)."""
+    counts = indptr[rows + 1] - indptr[rows]
+    sub_ptr = np.zeros(rows.shape[0] + 1, dtype=np.int64)
+    np.cumsum(counts, out=sub_ptr[1:])
+    at = np.arange(sub_ptr[-1]) + np.repeat(indptr[rows] - sub_ptr[:-1], counts)
+    return sub_ptr, idx[at]
+
+
+class NTKOperator:
+    """The NTK matrix ``H`` of given fire sets as the three products that
+    :func:`warm_start` and Lanczos need, each one network's (or one shard's) share:
+    the shares of the neurons of a network sum to the network's products.
+
+    Parameters
+    ----------
+    indptr_r, idx_r : ndarray
+        r-major CSR of the fire sets.
+    G, a, X : ndarray
+        ``X Xᵀ``, the output weights ``(m, K)`` and the data ``(n, d)``.
+    width : int, optional
+        The network's ``m`` (default: the rows of ``a``), as in :func:`ntk_matrix`.
+
+    Attributes
+    ----------
+    matvec : callable
+        ``v -> H v`` (:func:`ntk_matvec`), ``v`` of length ``nK``.
+    sample_matvec : callable
+        ``v -> M v`` for the ``n × n`` output-averaged NTK ``M`` of every
+        ``width / NTK_WARM_NEURONS``-th neuron: ``(1/m) Σ_r (|a_r|²/K)·F_ri F_rj G_ij``,
+        about ``NTK_WARM_NEURONS / m`` the cost of ``matvec``.
+    """
+
+    def __init__(
+        self,
+        indptr_r: np.ndarray,
+        idx_r: np.ndarray,
+        G: np.ndarray,
+        a: np.ndarray,
+        X: np.ndarray,
+        width: int | None = None,
+    ) -> None:
+        self._fire, self._a, self._X = (indptr_r, idx_r), a, X
+        self._width = a.shape[0] if width is None else width
+        self.matvec = ntk_matvec(indptr_r, idx_r, G, a, self._width, X)
+        stride = max(1, self._width // _config.NTK_WARM_NEURONS)
+        rows = np.arange(0, a.shape[0], stride)
+        mean_a = np.sqrt(np.mean(a[rows] ** 2, axis=1))[:, None]
+        sample = _csr_rows(indptr_r, idx_r, rows)
+        self.sample_matvec = ntk_matvec(*sample, G, mean_a, self._width, X)
+
+    def ritz(self, u: np.ndarray) -> np.ndarray:
+        """The ``K × K`` Ritz matrix ``C_kl = (u ⊗ e_k)ᵀ H (u ⊗ e_l)
+        = (1/m) Σ_r a_rk a_rl ||Σ_{j ∈ S̃_r} u_j x_j||²`` of a unit ``u`` of length
+        ``n``; O(d·Σ_r k̃_r + m·K²)."""
+        bounds = _work_bounds(self._fire[0], _config.NTK_MATVEC_CHUNKS)
+        norms = _fire_set_norms(*self._fire, self._X, u, bounds)
+        return (self._a.T * norms) @ self._a / self._width
+
+
+def warm_start(n: int, outputs: int, sample_matvec, ritz) -> np.ndarray:
+    """A start vector ``u ⊗ c`` for Lanczos on the NTK matrix (order ``n·outputs``),
+    from two of the products of :class:`NTKOperator`.
+
+    For wide networks ``H`` is close to ``M ⊗ I_K``, ``M`` the output-averaged NTK:
+    its top ``K`` eigenvalues cluster, with eigenvectors near ``u ⊗ c``, ``u`` the
+    top eigenvector of ``M``.  ``u`` comes from a sample of the neurons (cheap
+    mat-vecs, loose tolerance), ``c`` from the ``K × K`` Ritz matrix of the
+    ``u ⊗ e_k``; a share :data:`~corrtree._config.NTK_WARM_NOISE` of a fixed random
+    vector keeps the start off any invariant subspace.  Deterministic.
+    """
+    rng = np.random.default_rng(0)
+    u = rng.standard_normal(n)
+    u /= np.linalg.norm(u)
+    if n >= 2 and sample_matvec(u).any():  # else the sample fires nowhere: keep u
+        u = _lanczos(n, sample_matvec, u, _config.NTK_WARM_TOL)[1]
+    c = np.linalg.eigh(ritz(u))[1][:, -1]
+    noise = rng.standard_normal(n * outputs)
+    return np.outer(u, c).ravel() + _config.NTK_WARM_NOISE / np.linalg.norm(noise) * noise
 
 
 def formed_is_used(H: np.ndarray | None) -> bool:
@@ -207,9 +324,9 @@ def lambda_max(
     idx_r: np.ndarray | None,
     G: np.ndarray,
     a: np.ndarray,
+    X: np.ndarray,
     H: np.ndarray | None = None,
     width: int | None = None,
-    X: np.ndarray | None = None,
 ) -> float:
     """Largest eigenvalue of the NTK matrix ``H`` of the given fire sets.
 
@@ -217,9 +334,9 @@ def lambda_max(
     taken from ``H``, which must be :func:`ntk_matrix` of the same fire sets) and
     LAPACK gives the eigenvalue; up to
     :data:`~corrtree._config.NTK_DENSE_MATVEC_LIMIT` Lanczos runs on the formed
-    matrix (one BLAS mat-vec a step); beyond, Lanczos runs on the sparse mat-vec
-    (:func:`top_eigenvalue`, :func:`ntk_matvec`; ``X`` lets it rebuild Gram sums
-    from the data when that is cheaper), whether or not ``H`` is given: the sparse
+    matrix (one BLAS mat-vec a step); beyond, Lanczos runs on the sparse mat-vec from
+    a warm start (:func:`warm_start`, :class:`NTKOperator`; the data ``X``
+    rebuilds Gram sums when that is cheaper), whether or not ``H`` is given: the sparse
     mat-vec reads far less than ``8·order²`` bytes, and every method then takes
     the same way.  The result is deterministic for given inputs.  The fire sets are
     not read (and may be ``None``) when :func:`formed_is_used` of ``H``.
@@ -230,7 +347,9 @@ def lambda_max(
     if idx_r.shape[0] == 0:
         return 0.0
     if order > _config.NTK_DENSE_MATVEC_LIMIT:  # even when H is given: one way for all
-        return top_eigenvalue(order, ntk_matvec(indptr_r, idx_r, G, a, width, X))
+        op = NTKOperator(indptr_r, idx_r, G, a, X, width)
+        v0 = warm_start(G.shape[0], a.shape[1], op.sample_matvec, op.ritz)
+        return top_eigenvalue(order, op.matvec, v0=v0)
     return dense_top_eigenvalue(ntk_matrix(indptr_r, idx_r, G, a, width))
 
 
