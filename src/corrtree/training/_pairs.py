@@ -66,11 +66,14 @@ def dot_row(a, r, E, j):
 
 
 @njit(cache=True, inline="always")
-def coef(q, r, pool, a, E, eta_s):
-    """The coefficient ``C_rl`` of entry ``q`` now (see the module docstring)."""
-    c = pool.kappa[q]
-    if pool.fire[q]:
-        c += eta_s * dot_row(a, r, E, pool.j[q])
+def coef(q, r, kappa, fire, ej, a, E, eta_s):
+    """The coefficient ``C_rl`` of entry ``q`` now (see the module docstring), from the
+    pool's arrays ``kappa``, ``fire`` and ``j`` (not the pool: an inlined function that
+    takes the pool's tuple costs a reference count per array and call, several times
+    the arithmetic of a hot loop)."""
+    c = kappa[q]
+    if fire[q]:
+        c += eta_s * dot_row(a, r, E, ej[q])
     return c
 
 
@@ -163,13 +166,14 @@ def eval_ever(r, seg, pool, scratch, a, E, G, eta_s, want_step):
     becomes ``C``), else 0: the quadratic forms plus their rounding.
     """
     ej, uref, val, cref, clast = pool.j, pool.uref, pool.val, pool.cref, pool.clast
+    kappa, fire = pool.kappa, pool.fire
     dc, dl = scratch[0], scratch[1]
     s0 = seg[r, START]
     end = s0 + seg[r, SUPP]
     l1_a = 0.0
     l1_s = 0.0
     for q in range(s0, end):
-        c = coef(q, r, pool, a, E, eta_s)
+        c = coef(q, r, kappa, fire, ej, a, E, eta_s)
         dc[q - s0] = c - cref[q]
         val[q] = uref[q]
         l1_a += abs(dc[q - s0])
@@ -240,7 +244,8 @@ def eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw):
     ``<x_l, dws> = val_old_l - val_l``, so ``||dws||² = Σ_l dl_l·(val_old_l - val_l)``.
     Both returned bounds cover their rounding.  O(d·|P|).
     """
-    ej, cref, clast = pool.j, pool.cref, pool.clast
+    ej, cref, clast, kappa, fire = pool.j, pool.cref, pool.clast, pool.kappa, pool.fire
+    uref, val = pool.uref, pool.val
     dc, dl = scratch[0], scratch[1]
     s0 = seg[r, START]
     end = s0 + seg[r, SUPP]
@@ -250,7 +255,7 @@ def eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw):
     l1_o = 0.0  # Σ|clast - cref|: the move at the last evaluation
     xmax = 0.0
     for q in range(s0, end):
-        c = coef(q, r, pool, a, E, eta_s)
+        c = coef(q, r, kappa, fire, ej, a, E, eta_s)
         dc[q - s0] = c - cref[q]
         dl[q - s0] = c - clast[q]
         l1_s += abs(dl[q - s0])
@@ -271,13 +276,13 @@ def eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw):
             t1 += X[j1, t] * w
             t2 += X[j2, t] * w
             t3 += X[j3, t] * w
-        sq_s, mag = _new_value(q, q - s0, t0, pool, dl, sq_s, mag)
-        sq_s, mag = _new_value(q + 1, q + 1 - s0, t1, pool, dl, sq_s, mag)
-        sq_s, mag = _new_value(q + 2, q + 2 - s0, t2, pool, dl, sq_s, mag)
-        sq_s, mag = _new_value(q + 3, q + 3 - s0, t3, pool, dl, sq_s, mag)
+        sq_s, mag = _new_value(q, q - s0, t0, uref, val, dl, sq_s, mag)
+        sq_s, mag = _new_value(q + 1, q + 1 - s0, t1, uref, val, dl, sq_s, mag)
+        sq_s, mag = _new_value(q + 2, q + 2 - s0, t2, uref, val, dl, sq_s, mag)
+        sq_s, mag = _new_value(q + 3, q + 3 - s0, t3, uref, val, dl, sq_s, mag)
         q += 4
     while q < end:
-        sq_s, mag = _new_value(q, q - s0, data_dot(X, ej[q], dw), pool, dl, sq_s, mag)
+        sq_s, mag = _new_value(q, q - s0, data_dot(X, ej[q], dw), uref, val, dl, sq_s, mag)
         q += 1
     # ‖dw‖: |‖dw‖² - ‖computed dw‖²| <= (2γ_|P| + γ_d)·(Σ|dc|)²·max‖x‖², γ_k ≈ k·2⁻⁵³.
     # ‖dws‖²: a value of either evaluation is within (γ_|P| + γ_d)·(its Σ|dc|)·max‖x‖²
@@ -294,15 +299,15 @@ def eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw):
 
 
 @njit(cache=True)  # not inline="always": numba's IR inlining of it gave wrong values
-def _new_value(q, p, dot, pool, dl, sq_s, mag):
+def _new_value(q, p, dot, uref, val, dl, sq_s, mag):
     """Entry ``q`` (prefix position ``p``) takes the value ``uref - dot``; returns the
     step and rounding sums of :func:`eval_ever_data` with its terms added."""
-    old = pool.val[q]
-    v = pool.uref[q] - dot
+    old = val[q]
+    v = uref[q] - dot
     diff = old - v
-    pool.val[q] = v
+    val[q] = v
     sq_s += dl[p] * diff
-    mag += abs(dl[p]) * (abs(pool.uref[q]) + abs(old) + abs(v) + 2.0 * abs(diff))
+    mag += abs(dl[p]) * (abs(uref[q]) + abs(old) + abs(v) + 2.0 * abs(diff))
     return sq_s, mag
 
 
@@ -524,21 +529,23 @@ def materialize(out, rows, X, seg, pool, a, E, eta_s):
     ``out`` holds ``W(0)[rows]`` on entry and ``W(t)[rows]`` on return.
     O(d · Σ_r |prefix_r|).  A pair whose coefficient is zero adds ``0·x = 0``.
     """
-    ej = pool.j
+    ej, kappa, fire = pool.j, pool.kappa, pool.fire
     d = X.shape[1]
     for k in prange(out.shape[0]):
         r = rows[k]
         q = seg[r, START]
         end = q + seg[r, SUPP]
         while q + 4 <= end:  # four pairs a pass: a quarter of the loads and stores of out
-            c0, c1 = coef(q, r, pool, a, E, eta_s), coef(q + 1, r, pool, a, E, eta_s)
-            c2, c3 = coef(q + 2, r, pool, a, E, eta_s), coef(q + 3, r, pool, a, E, eta_s)
+            c0 = coef(q, r, kappa, fire, ej, a, E, eta_s)
+            c1 = coef(q + 1, r, kappa, fire, ej, a, E, eta_s)
+            c2 = coef(q + 2, r, kappa, fire, ej, a, E, eta_s)
+            c3 = coef(q + 3, r, kappa, fire, ej, a, E, eta_s)
             j0, j1, j2, j3 = ej[q], ej[q + 1], ej[q + 2], ej[q + 3]
             for i in range(d):
                 out[k, i] -= (c0 * X[j0, i] + c1 * X[j1, i]) + (c2 * X[j2, i] + c3 * X[j3, i])
             q += 4
         while q < end:
-            c = coef(q, r, pool, a, E, eta_s)
+            c = coef(q, r, kappa, fire, ej, a, E, eta_s)
             j = ej[q]
             for i in range(d):
                 out[k, i] -= c * X[j, i]

@@ -121,14 +121,14 @@ def _exact_rows(st: BandState, part: np.ndarray, eta_s: float, exact: np.ndarray
 def gram_rows(rows, out, seg, pool, a, E, eta_s, G):
     """Exact current rows by the Gram identity, in place: ``out[k]`` holds the
     anchored row of ``rows[k]``; subtract ``Σ_l (C_l - cref_l) G[l]``."""
-    ej, cref = pool.j, pool.cref
+    ej, cref, kappa, fire = pool.j, pool.cref, pool.kappa, pool.fire
     n = out.shape[1]
     for k in prange(rows.shape[0]):
         r = rows[k]
         s0 = seg[r, START]
         for p in range(seg[r, SUPP]):
             q = s0 + p
-            c = coef(q, r, pool, a, E, eta_s) - cref[q]
+            c = coef(q, r, kappa, fire, ej, a, E, eta_s) - cref[q]
             if c != 0.0:
                 g = ej[q]
                 for j in range(n):

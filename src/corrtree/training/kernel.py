@@ -350,8 +350,8 @@ def visit(
     and ``nf[r, MINKEY]`` (over all entries) are current.  O(|prefix|·K + the
     evaluated values).
     """
-    ej, uref, val, key, fire, clast, cref = (
-        pool.j, pool.uref, pool.val, pool.key, pool.fire, pool.clast, pool.cref
+    ej, uref, val, key, fire, clast, cref, kappa = (
+        pool.j, pool.uref, pool.val, pool.key, pool.fire, pool.clast, pool.cref, pool.kappa
     )  # fmt: skip
     record = f_j.shape[0] > 0
     first = fpos
@@ -372,7 +372,7 @@ def visit(
     xmax = 0.0
     xall = 0.0
     for q in range(s0, s0 + ns):
-        c = coef(q, r, pool, a, E, eta_s)
+        c = coef(q, r, kappa, fire, ej, a, E, eta_s)
         dl = c - clast[q]
         dls[q - s0] = dl
         l1_all += abs(dl)
