@@ -65,3 +65,24 @@ def test_median_run_repeats_only_short_whole_runs(monkeypatch):
     assert len(calls) == 4 and long["repeat_totals_s"] == [100.0]
     extrapolated = workloads.median_run("dense", 3)  # 5 s measured, 50 s in all
     assert len(calls) == 5 and extrapolated["repeat_totals_s"] == [50.0]
+
+
+def test_the_cost_model_picks_the_fastest_measured_method_on_the_workloads():
+    """``method="auto"`` on the five full-size workloads picks the exact method that was
+    fastest in the stored benchmark (``benchmarks/results/workloads_large.json``)."""
+    import json
+    import pathlib
+    from types import SimpleNamespace
+
+    from corrtree.bench.workloads import WORKLOADS, load
+    from corrtree.model import default_threshold
+    from corrtree.training._train import choose_method
+
+    stored = pathlib.Path(__file__).parents[1] / "benchmarks/results/workloads_large.json"
+    results = json.loads(stored.read_text())["results"]
+    for name, w in WORKLOADS.items():
+        X, Y = load(w["data"], w["args"], 1.0)
+        # the model's sizes and threshold are all the cost model reads (no m × d weights)
+        model = SimpleNamespace(m=w["m"], b=default_threshold(w["m"]), outputs=Y.shape[1])
+        chosen, costs = choose_method(X, X @ X.T, model, w["iters"])
+        assert chosen == results[name]["fastest"], (name, costs)

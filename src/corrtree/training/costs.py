@@ -8,7 +8,11 @@ initialization (``Q(b/||x||)`` averaged over the data, for Gaussian
 weights); a neuron moves in an iteration when it fires on some point,
 which happens with probability ``1 - (1 - q)^n``.  The constants are round
 numbers measured on a 2-core x86 machine; only their ratios matter for the
-choice.
+choice.  The lazy and kernel terms were calibrated on the five workloads of
+``benchmarks/bench_workloads.py`` (per-visit and per-flip times, flips and
+re-anchorings from their ``History``): each of their constants can be halved
+or doubled without changing any of the five choices, but
+:data:`KERNEL_EVALUATION` doubled.
 """
 
 from __future__ import annotations
@@ -33,6 +37,21 @@ KERNEL_EVALUATION = 1.5
 # share of a visited neuron's tracked pairs whose key the kernel trainer finds passed
 # (image patches: 0.35 M of 2.6 M a step), each a Gram row of |prefix| reads
 KERNEL_DUE_SHARE = 0.13
+# fixed operations per neuron brought up to date, beyond its pairs: the lazy trainer
+# walks its neurons in order (breast cancer: 0.56 µs each), the kernel trainer's visits
+# come from the heap and read its keys and bounds (1.1 µs each)
+LAZY_NEURON_OPS = 150.0
+KERNEL_VISIT_OPS = 450.0
+# a cache line of H written by a flip, in operations (a miss: 70-130 ns; a flip of a
+# neuron firing on k points writes 2·k·K lines: W2 9.3 µs, W3 (K = 10) 50 µs a flip)
+H_LINE_OPS = 50.0
+# flips per firing pair and step grow with coherence × fired points x = coh·k while
+# the run keeps turning, and fall as ~1/x past this (strongly coherent data converges
+# in few steps: image patches flip 0.45% a step, breast cancer 1.1%, digits 0.9%)
+FLIP_SATURATION = 8.0
+# fired points per neuron at which every neuron of isotropic data is re-anchored once a
+# run (n = 4096 spheres: 206 k of 262 k neurons; coherent data: a few per thousand)
+REANCHOR_POINTS = 50.0
 
 
 def fire_share(norms: np.ndarray, b: float) -> float:
@@ -95,32 +114,31 @@ def estimate(
     k = q * n  # fired points per neuron (≈ pairs that ever fired)
     tracked = max(q_band * n, k)
     expired = min(1.0, 0.05 + 0.5 * coh * k)  # share of other tracked pairs evaluated
-    # share of neurons leaving their band per iteration (rare: W2, W3 spend <5% there)
-    reanchored = min(1.0, 0.002 * coh * k)
     others = expired * (tracked - k)  # tracked pairs outside the prefix evaluated
     evaluate = min(k * k / 2 + others * k, (2 * d * k + others * d) / DATA_FLOPS_PER_OP)
-    anchoring = k * K + reanchored * (k * n + 2 * n * d * SPARSE_OPS / BLAS_FLOPS)
-    per_neuron = evaluate + anchoring
+    # re-anchorings per neuron over the run: a Gram row and a share of a GEMM row each
+    reanchored = min(1.0, (k / REANCHOR_POINTS) ** 2) * max(0.0, 1.0 - coh)
+    anchoring = moved * reanchored * (k * n + 2 * n * d * SPARSE_OPS / BLAS_FLOPS) / SPARSE_OPS
     # float32 GEMM, float64 recomputation of the tracked pairs, trees
-    pre = gemm / 2 + m * tracked * d * 4 / BLAS_FLOPS + n * m / STREAM_OPS
+    pre = gemm / 2 + m * tracked * d * 4 / BLAS_FLOPS + n * m / STREAM_OPS + anchoring
     if method == "lazy":
-        return pre + iters * moved * per_neuron / SPARSE_OPS
+        return pre + iters * moved * (evaluate + k * K + LAZY_NEURON_OPS) / SPARSE_OPS
     if method == "kernel":
         if not _config.ntk_fits(n, K):
             return float("inf")  # the NTK matrix does not fit
         pre += m * k * k * K * K / SPARSE_OPS
         # a visit: the move's bound over the prefix, then the pairs whose key passed
-        visit = k * (_config.PROJECTION_RANK + K) / DATA_FLOPS_PER_OP
-        per_neuron = visit + KERNEL_DUE_SHARE * tracked * k + anchoring
+        visit = k * (min(_config.PROJECTION_RANK, d) + K) / DATA_FLOPS_PER_OP
+        per_visit = visit + KERNEL_DUE_SHARE * tracked * k + k * K + KERNEL_VISIT_OPS
         # every neuron is processed in the first few iterations; afterwards a share
-        # that grows with coherence (W1: 5%, W4: 1/2, image patches and digits: 0.93)
+        # that grows with coherence (W1: 5%, W4: 1/2, image patches and digits: 0.6-0.9)
         wave = min(iters, 6.0 + 6.0 * coh * k)
         active = moved * (wave + (iters - wave) * min(0.95, 0.2 * coh * k))
-        # each flip rewrites K² entries of H per point its neuron fires on
-        flips = pairs * min(0.1, 0.002 * coh * k)
+        x = coh * k
+        flips = pairs * 0.002 * x / (1.0 + (x / FLIP_SATURATION) ** 2)
         return (
             pre
-            + iters * (2 * (n * K) ** 2 / STREAM_OPS + flips * k * K * K / SPARSE_OPS)
-            + active * KERNEL_EVALUATION * per_neuron / SPARSE_OPS
+            + iters * (2 * (n * K) ** 2 / STREAM_OPS + flips * 2 * k * K * H_LINE_OPS / SPARSE_OPS)
+            + active * KERNEL_EVALUATION * per_visit / SPARSE_OPS
         )
     raise ValueError(f"no cost model for method {method!r}")
