@@ -94,8 +94,9 @@ def estimate(
     ``q_band`` is the share of pairs tracked by the lazy and kernel methods
     (products within the band of ``b``) and ``coh`` the data's
     :func:`coherence`: it sets the share of tracked pairs those methods must
-    evaluate per step and of neurons they re-anchor (all of them for strongly
-    coherent data, where each step moves a neuron's products a lot).
+    evaluate per step, the kernel trainer's visits and flips, and the neurons
+    re-anchored in a run (most of them on isotropic data whose neurons fire on
+    many points, few on coherent data).
     """
     pairs = q * n * m  # Σ_i k_i
     moved = m * (1.0 - (1.0 - q) ** n)
@@ -119,7 +120,7 @@ def estimate(
     # re-anchorings per neuron over the run: a Gram row and a share of a GEMM row each
     reanchored = min(1.0, (k / REANCHOR_POINTS) ** 2) * max(0.0, 1.0 - coh)
     anchoring = moved * reanchored * (k * n + 2 * n * d * SPARSE_OPS / BLAS_FLOPS) / SPARSE_OPS
-    # float32 GEMM, float64 recomputation of the tracked pairs, trees
+    # float32 GEMM, float64 recomputation of the tracked pairs, trees, re-anchorings
     pre = gemm / 2 + m * tracked * d * 4 / BLAS_FLOPS + n * m / STREAM_OPS + anchoring
     if method == "lazy":
         return pre + iters * moved * (evaluate + k * K + LAZY_NEURON_OPS) / SPARSE_OPS
