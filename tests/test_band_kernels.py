@@ -20,7 +20,7 @@ from naive import (
 
 from corrtree import _config
 from corrtree.training import _pairs, _reanchor
-from corrtree.training._anchors import BandState
+from corrtree.training._anchors import BandState, pair_dots
 from corrtree.training._pool import (
     BETA,
     CNT,
@@ -193,6 +193,18 @@ def test_the_data_step_follows_an_evaluation_from_g(want_step):
         )
         assert moved[r] <= step <= moved[r] * (1 + 1e-9) + 1e-9
     assert moved.max() > 0
+
+
+def test_pair_dots_are_the_products_of_the_pairs():
+    rng = np.random.default_rng(4)
+    W, X = rng.standard_normal((10, 37)), rng.standard_normal((7, 37))
+    # point j gets j pairs (none, fewer than a group of four, groups and a remainder),
+    # in shuffled order, some neurons repeated
+    xj = rng.permutation(np.repeat(np.arange(7), np.arange(7)))
+    wi = rng.integers(0, 10, xj.shape[0])
+    out = np.full(xj.shape[0], np.nan)
+    pair_dots(W, wi, X, xj, out)
+    np.testing.assert_allclose(out, np.einsum("pi,pi->p", W[wi], X[xj]), rtol=1e-13, atol=1e-13)
 
 
 def test_gram_sum_is_the_gram_weighted_sum():

@@ -117,7 +117,7 @@ FLIP_RECORD_ENTRIES = 2**19
 #: Rows whose exact products at chosen points are computed together
 #: (:func:`~corrtree.training._anchors.pair_dots`): their weights stay in L2 while
 #: each point's row of X is read once.
-DOT_ROWS = 64
+DOT_ROWS = 128
 
 #: The kernel trainer's heap switches from one-by-one to bulk pops and pushes
 #: (an O(size) filter and heapify) when more than ``size // HEAP_BULK_DIV``

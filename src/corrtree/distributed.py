@@ -227,7 +227,6 @@ class Shard:
     def weights(self, start: int, stop: int) -> np.ndarray:
         """Rows ``start:stop`` (slice-local) of the current weights."""
         _limit_threads()
-        _limit_threads()
         return self.trainer.weights(start, stop)
 
     def save(self, path: str, meta: dict[str, Any]) -> str:

@@ -153,6 +153,12 @@ class TwoLayerReLU:
     def __repr__(self) -> str:
         return f"TwoLayerReLU(m={self.m}, d={self.d}, outputs={self.outputs}, b={self.b:.6g})"
 
+    def _writable_rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of the hidden weights, writable in place: training writes
+        its result there (:func:`corrtree.training._train.write_weights`), finite by
+        construction, without the copy and checks of :meth:`set_weights`."""
+        return self._W[start:stop]
+
     def set_weights(self, W: np.ndarray, start: int | None = None) -> None:
         """Replace the hidden weights: all of them (``W`` of shape ``(m, d)``), or, with
         ``start``, those of neurons ``start .. start + len(W) - 1``."""

@@ -162,9 +162,10 @@ def fill_new_anchors(U, rows, tau, leaf_err, seg, pool, b):
 @njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
 def pair_dots(W, wi, X, xj, out):
     """``out[p] = <W[wi[p]], X[xj[p]]>`` in float64, the pairs taken point by point
-    (a counting sort on ``xj``), so each row of ``X`` is read once and the few rows
-    of ``W`` stay in cache.  O(p·d + n).  Reassociated (vectorized) sums: float64
-    accuracy like any GEMM's."""
+    (a counting sort on ``xj``) and four of a point at a time, so each row of ``X``
+    is read once and each read of it serves four rows of ``W`` (from cache: a
+    caller's few).  O(p·d + n).  Reassociated (vectorized) sums: float64 accuracy
+    like any GEMM's."""
     n, d = X.shape
     start = np.zeros(n + 1, dtype=np.int64)
     for p in range(xj.shape[0]):
@@ -175,14 +176,32 @@ def pair_dots(W, wi, X, xj, out):
     for p in range(xj.shape[0]):
         order[start[xj[p]]] = p
         start[xj[p]] += 1
-    for o in range(order.shape[0]):
-        p = order[o]
-        r = wi[p]
-        j = xj[p]
-        s = 0.0
-        for c in range(d):
-            s += W[r, c] * X[j, c]
-        out[p] = s
+    lo = 0  # start[j] is now the end of point j's pairs in order
+    for j in range(n):
+        hi = start[j]
+        x = X[j]
+        q = lo
+        while q + 4 <= hi:
+            p0, p1, p2, p3 = order[q], order[q + 1], order[q + 2], order[q + 3]
+            w0, w1, w2, w3 = W[wi[p0]], W[wi[p1]], W[wi[p2]], W[wi[p3]]
+            s0 = s1 = s2 = s3 = 0.0
+            for c in range(d):
+                xc = x[c]
+                s0 += w0[c] * xc
+                s1 += w1[c] * xc
+                s2 += w2[c] * xc
+                s3 += w3[c] * xc
+            out[p0], out[p1], out[p2], out[p3] = s0, s1, s2, s3
+            q += 4
+        while q < hi:
+            p = order[q]
+            w = W[wi[p]]
+            s = 0.0
+            for c in range(d):
+                s += w[c] * x[c]
+            out[p] = s
+            q += 1
+        lo = hi
 
 
 @njit(cache=True, parallel=True, fastmath={"reassoc", "contract"})
@@ -407,3 +426,9 @@ class BandState:
         out = np.take(self.W0, rows, axis=0, out=out, mode="clip")
         materialize(out, rows, self.X, self.seg, self.pool.arrays, self.a, self.E, eta_s)
         return out
+
+    def update_weights(self, out: np.ndarray, start: int, eta_s: float) -> None:
+        """``out -= C X`` for rows ``start : start + len(out)``: ``W(0)`` of those rows
+        in ``out`` becomes ``W(t)``.  O(d·Σ_r |prefix_r|)."""
+        rows = np.arange(start, start + out.shape[0], dtype=np.int64)
+        materialize(out, rows, self.X, self.seg, self.pool.arrays, self.a, self.E, eta_s)

@@ -231,6 +231,11 @@ class Trainer:
         """Rows ``start:stop`` of the current weights ``W(t)``, as a new array."""
         raise NotImplementedError
 
+    def write_weights(self, start: int, out: np.ndarray) -> None:
+        """Turn ``out``, rows ``start : start + len(out)`` of ``W(0)``, into those rows
+        of ``W(t)``, in place (the model's rows at the end of a run)."""
+        out[...] = self.weights(start, start + out.shape[0])
+
     def outputs_at(self, X: np.ndarray) -> np.ndarray:
         """This trainer's share of the outputs at other points ``X`` ``(p, d)``, from the
         current weights in blocks of rows.  O(p·m·d) plus :meth:`weights`."""

@@ -486,13 +486,14 @@ def _run(
 def write_weights(model: TwoLayerReLU, trainer: Trainer) -> None:
     """The one place a model is written during training: ``W(T)`` from the trainer.
 
-    Block by block (:data:`~corrtree._config.WEIGHTS_BLOCK_BYTES`): the band
-    trainers read ``W(0)`` from the model's own rows, and each block of rows
-    is computed before it is overwritten.
+    Block by block (:data:`~corrtree._config.WEIGHTS_BLOCK_BYTES`), in place: the
+    model's rows hold ``W(0)`` until then, the band trainers read it from them,
+    and each block depends on its own rows of ``W(0)`` only
+    (:meth:`~._base.Trainer.write_weights`).
     """
     block = _config.block_rows(8 * model.d, model.m, _config.WEIGHTS_BLOCK_BYTES)
     for s in range(0, model.m, block):
-        model.set_weights(trainer.weights(s, min(s + block, model.m)), start=s)
+        trainer.write_weights(s, model._writable_rows(s, min(s + block, model.m)))
 
 
 def check_divergence(hist: History, lr: float, patience: int) -> None:

@@ -368,6 +368,12 @@ class BandTrainer(Trainer):
             W *= self.alpha
         return W
 
+    def write_weights(self, start: int, out: np.ndarray) -> None:
+        """``W(t) = α·(W(0) - C X)`` over ``W(0)`` in ``out``: no copy.  O(d·Σ_r |prefix_r|)."""
+        self.store.update_weights(out, start, self.eta_s)
+        if self.alpha != 1.0:
+            out *= self.alpha
+
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         st = self.store
         arrays = {
