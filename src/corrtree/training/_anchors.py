@@ -415,7 +415,9 @@ class BandState:
 
     def weights(self, start: int, stop: int, eta_s: float) -> np.ndarray:
         """``W(t)[start:stop] = W0[start:stop] - C X`` as a new array.  O(d·Σ_r |prefix_r|)."""
-        return self.weights_of(np.arange(start, stop, dtype=np.int64), eta_s)
+        out = np.array(self.W0[start:stop])
+        self.update_weights(out, start, eta_s)
+        return out
 
     def weights_of(
         self, rows: np.ndarray, eta_s: float, out: np.ndarray | None = None

@@ -363,9 +363,8 @@ class BandTrainer(Trainer):
 
     def weights(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         start, stop, _ = slice(start, stop).indices(self.m)
-        W = self.store.weights(start, stop, self.eta_s)
-        if self.alpha != 1.0:
-            W *= self.alpha
+        W = np.array(self.store.W0[start:stop])
+        self.write_weights(start, W)
         return W
 
     def write_weights(self, start: int, out: np.ndarray) -> None:
