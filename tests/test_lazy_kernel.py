@@ -80,6 +80,33 @@ def test_values_from_g_or_from_the_data_keep_the_trajectory(monkeypatch, method,
     assert sum(hist.flips) > 0 and sum(hist.reanchored) > 0
 
 
+@pytest.mark.parametrize("scatter", [0.0, 1e9])
+def test_early_reanchoring_keeps_the_trajectory(monkeypatch, scatter):
+    """Isotropic data at ``lr="auto"``: the error shrinks several times a step, so the
+    kernel trainer re-anchors at the first step the neurons whose path will leave their
+    band (:func:`~corrtree.training.kernel.lookahead`), skipping their values; with the
+    look-ahead off they are re-anchored later.  Both follow dense, by either route."""
+    X, y, model0 = _problem(64, 3000, 64, 1, 8)
+    ref = _run(model0, X, y, "dense", iters=12)
+    monkeypatch.setattr(ct._config, "SCATTER_COST", scatter)
+    first = []
+    for contraction in (ct._config.LOOKAHEAD_CONTRACTION, 0.0):
+        monkeypatch.setattr(ct._config, "LOOKAHEAD_CONTRACTION", contraction)
+        hist, W = _run(model0, X, y, "kernel", iters=12)
+        assert_same_trajectory(hist, W, *ref)
+        first.append(hist.reanchored[0])
+    assert first[0] > 2 * first[1]
+
+
+def test_lookahead_is_the_geometric_tail_of_fast_contractions():
+    from corrtree.training.kernel import lookahead
+
+    assert lookahead(1.0, 4.0) == pytest.approx(1 / 3)
+    assert lookahead(0.0, 4.0) == 0.0
+    assert lookahead(3.0, 4.0) == 0.0  # slow contraction: no look-ahead
+    assert lookahead(1.0, 0.0) == 0.0 and lookahead(0.0, 0.0) == 0.0
+
+
 @pytest.mark.parametrize("method", FAST)
 def test_too_tight_certificate_is_caught(method):
     """Shrinking the drift bounds on purpose misses crossings: the checks above fail."""

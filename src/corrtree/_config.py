@@ -97,6 +97,11 @@ BAND = 0.55
 #: Each neuron's band half-width is ``BAND·(f_r / mean f)^this`` at set-up, ``f_r`` its
 #: number of firing points (:func:`~corrtree.training._anchors.band_widths`).
 BAND_FIRE_EXPONENT = 0.5
+#: The kernel trainer re-anchors a neuron ahead of time when its step plus the ``ρ/(1-ρ)``
+#: steps still to come would leave its band, but only while each step shrinks the error
+#: norm to at most this share (``ρ``): past it the geometric tail says little, and the
+#: steps of coherent data (``ρ`` near 1) would re-anchor neurons that never leave.
+LOOKAHEAD_CONTRACTION = 0.5
 
 #: Neurons are summed in this many fixed chunks by the forward pass, so that the
 #: outputs do not depend on thread scheduling.

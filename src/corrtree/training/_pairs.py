@@ -232,11 +232,12 @@ def form_move(dw, X, ej, dc, s0, end):
 
 
 @njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
-def eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw):
+def eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw, formed):
     """:func:`eval_ever` with the Gram sums rebuilt from the data: the move
-    ``dw = Σ_l dc_l x_l`` since the anchor is formed once, in ``O(d·|P|)``, and
-    each value is ``uref - <x_j, dw>``.  Cheaper than the ``|P|²/2`` scattered
-    reads of ``G`` when ``d`` is small against ``|P|`` (:func:`by_data`).
+    ``dw = Σ_l dc_l x_l`` since the anchor is formed once, in ``O(d·|P|)`` (unless
+    ``formed``: the caller formed it already), and each value is ``uref - <x_j, dw>``.
+    Cheaper than the ``|P|²/2`` scattered reads of ``G`` when ``d`` is small against
+    ``|P|`` (:func:`by_data`).
 
     The step since the last evaluation, ``dws = Σ_l dl_l x_l`` with
     ``dl = C - clast``, is never formed: the values of the last evaluation
@@ -263,7 +264,8 @@ def eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw):
         l1_o += abs(clast[q] - cref[q])
         clast[q] = c
         xmax = max(xmax, xnorm[ej[q]])
-    form_move(dw, X, ej, dc, s0, end)
+    if not formed:
+        form_move(dw, X, ej, dc, s0, end)
     sq_s = 0.0
     mag = 0.0  # Σ_l |dl_l|·(the magnitudes each value's rounding is relative to)
     q = s0
@@ -424,7 +426,9 @@ def evaluate_neuron(
                 sq += e * e
         step = eta_s * nf[r, SIGMA] * math.sqrt(sq) * _ROUND_UP
     if data:
-        since_anchor, exact_step = eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw)
+        since_anchor, exact_step = eval_ever_data(
+            r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw, False
+        )
     else:
         since_anchor, exact_step = eval_ever(r, seg, pool, scratch, a, E, G, eta_s, exact)
     if exact:

@@ -320,7 +320,7 @@ def anchor_keys(rows, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, ancho
 @njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
 def visit(
     r, seg, nf, pool, scratch, a, E, G, X, xnorm, parts, eta_s, b, R, cert, scatter, gram_cost,
-    dw, dws, zw, anchor_drift, full, f_j, f_v, f_on, fpos,
+    dw, dws, zw, anchor_drift, full, ahead, f_j, f_v, f_on, fpos,
 ):  # fmt: skip
     """Bring neuron ``r``, whose key has passed, to the current time (kernel trainer).
 
@@ -371,8 +371,10 @@ def visit(
     l1_all = 0.0
     xmax = 0.0
     xall = 0.0
+    unvisited = True  # clast = cref: the step since the last visit is the move since the anchor
     for q in range(s0, s0 + ns):
         c = coef(q, r, kappa, fire, ej, a, E, eta_s)
+        unvisited &= clast[q] == cref[q]
         dl = c - clast[q]
         dls[q - s0] = dl
         l1_all += abs(dl)
@@ -398,6 +400,7 @@ def visit(
     split = proj + min(rho, math.sqrt(res2)) * norm_dl
     move = (min(sig * norm_dl, split) + off) * (1.0 + (ns + 4) * _U64) * _ROUND_UP
     drift = nf[r, DRIFT] + cert * move
+    exact = np.inf
     due = 0
     for q in range(s0, end):
         if key[q] <= drift:
@@ -425,20 +428,25 @@ def visit(
     nf[r, DRIFT] = drift
     evaluated = 0
     again = False
-    if fresh:  # every ever-fired value, and the exact distance from the anchor
+    skip = fresh and unvisited and needs_reanchor(r, nf, exact * (1.0 + ahead), R)
+    if skip:  # its step is its distance from the anchor: re-anchored, no values needed
+        again = True
+    elif fresh:  # every ever-fired value, and the exact distance from the anchor
         if data:
-            since, _ = eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw)
+            if unvisited:  # the move since the anchor is the step, just formed in dws
+                dw[:] = dws
+            since, _ = eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw, unvisited)
         else:
             since, _ = eval_ever(r, seg, pool, scratch, a, E, G, eta_s, False)
         evaluated = ns
         anchor_drift[r] = drift - cert * since
-        again = needs_reanchor(r, nf, since, R)
+        again = needs_reanchor(r, nf, since + ahead * exact, R)
     else:
         data = due * ns * gram_cost > (ns + due) * d
         if data:
             form_move(dw, X, ej, dc, s0, s0 + ns)
     best = np.inf
-    stop = s0 + ns if again else end  # re-anchoring recomputes the other entries
+    stop = s0 if skip else s0 + ns if again else end  # re-anchoring recomputes the others
     for q in range(s0, stop):  # increasing order: a pair turned on moves below q (flip)
         in_prefix = q < s0 + ns
         if (fresh and in_prefix) or key[q] <= drift:
@@ -470,7 +478,7 @@ def visit(
 @njit(cache=True)
 def _visit_range(
     rows, lo, hi, seg, nf, pool, a, E, G, X, xnorm, parts, eta_s, b, R, cert, scatter,
-    gram_cost, anchor_drift, full, P, per_p, fbuf, f_j, f_v, f_on, nflips, nevals, again,
+    gram_cost, anchor_drift, full, ahead, P, per_p, fbuf, f_j, f_v, f_on, nflips, nevals, again,
 ):  # fmt: skip
     """:func:`visit` for ``rows[lo:hi]`` on this thread, with its own scratch vectors;
     each gets its new key (:func:`_heap_key`) unless it must be re-anchored
@@ -486,7 +494,7 @@ def _visit_range(
         start = fbuf[k] if record else 0
         pos, nevals[k], again[k] = visit(
             r, seg, nf, pool, scratch, a, E, G, X, xnorm, parts, eta_s, b, R, cert,
-            scatter, gram_cost, dw, dws, zw, anchor_drift, full, f_j, f_v, f_on, start,
+            scatter, gram_cost, dw, dws, zw, anchor_drift, full, ahead, f_j, f_v, f_on, start,
         )  # fmt: skip
         nflips[k] = pos - start
         if not again[k]:
@@ -496,7 +504,7 @@ def _visit_range(
 @njit(cache=True, parallel=True)
 def visit_rows(
     rows, seg, nf, pool, a, E, G, X, xnorm, parts, eta_s, b, R, cert, scatter, gram_cost,
-    anchor_drift, full, P, per_p, fbuf, f_j, f_v, f_on, nflips, nevals, again,
+    anchor_drift, full, ahead, P, per_p, fbuf, f_j, f_v, f_on, nflips, nevals, again,
 ):  # fmt: skip
     """:func:`_visit_range` for every neuron of ``rows``, in parallel chunks."""
     nrows = rows.shape[0]
@@ -504,22 +512,44 @@ def visit_rows(
     for c in prange(chunks):
         _visit_range(
             rows, c * nrows // chunks, (c + 1) * nrows // chunks, seg, nf, pool, a, E, G, X,
-            xnorm, parts, eta_s, b, R, cert, scatter, gram_cost, anchor_drift, full, P, per_p,
-            fbuf, f_j, f_v, f_on, nflips, nevals, again,
+            xnorm, parts, eta_s, b, R, cert, scatter, gram_cost, anchor_drift, full, ahead, P,
+            per_p, fbuf, f_j, f_v, f_on, nflips, nevals, again,
         )  # fmt: skip
 
 
 @njit(cache=True)
 def visit_few(
     rows, seg, nf, pool, a, E, G, X, xnorm, parts, eta_s, b, R, cert, scatter, gram_cost,
-    anchor_drift, full, P, per_p, fbuf, f_j, f_v, f_on, nflips, nevals, again,
+    anchor_drift, full, ahead, P, per_p, fbuf, f_j, f_v, f_on, nflips, nevals, again,
 ):  # fmt: skip
     """:func:`visit_rows` on the calling thread, for a few rows (the same results)."""
     _visit_range(
         rows, 0, rows.shape[0], seg, nf, pool, a, E, G, X, xnorm, parts, eta_s, b, R, cert,
-        scatter, gram_cost, anchor_drift, full, P, per_p, fbuf, f_j, f_v, f_on, nflips,
+        scatter, gram_cost, anchor_drift, full, ahead, P, per_p, fbuf, f_j, f_v, f_on, nflips,
         nevals, again,
     )  # fmt: skip
+
+
+def _norm(v: np.ndarray) -> float:
+    return float(np.sqrt(np.einsum("ik,ik->", v, v)))
+
+
+def lookahead(after: float, before: float) -> float:
+    """How far, in steps like the last, a neuron is still expected to move: ``ρ/(1 - ρ)``
+    with ``ρ = after/before`` the contraction of the error norm by this step (before its
+    flips), or 0 when ``ρ`` exceeds :data:`~corrtree._config.LOOKAHEAD_CONTRACTION`.
+
+    On isotropic data with ``lr = 1/λ_max`` the error shrinks 3-5 times a step, so a
+    neuron's first step is most of its whole path (W4: the first step takes 0.8 of the
+    band, the whole path 1.3): a visit that finds its step, plus what is still to come,
+    beyond its band re-anchors it at once, without computing the values the
+    re-anchoring recomputes, and the fresh anchor then holds to the end instead of being
+    replaced one step later.  Only the time of a re-anchoring changes, not the result.
+    """
+    if not before > 0 or not after < _config.LOOKAHEAD_CONTRACTION * before:
+        return 0.0
+    rho = after / before
+    return rho / (1.0 - rho)
 
 
 class KernelTrainer(BandTrainer):
@@ -635,7 +665,7 @@ class KernelTrainer(BandTrainer):
         if step is not None:  # the recurrence needs Δc = η·f·a·err: see the module docs
             if not self._consistent:  # the linear step reads every ever-fired value
                 every = np.arange(self.m)
-                again, flips = self._visit(every, full=True)
+                again, flips = self._visit(every, full=True, ahead=0.0)
                 self._apply(flips)
                 if again.any():
                     self._apply(self._reanchor(every[again]))
@@ -645,13 +675,16 @@ class KernelTrainer(BandTrainer):
         st = self.store
         stats = (self.fired, self.moved, self.flips, self.entries)
         with self.timer("forward"):
+            before = _norm(self.u - self.Y)
             self.u -= self.lr * (self.H @ err.ravel()).reshape(self.u.shape)
             st.E += err
-            self.P += float(np.sqrt(np.einsum("ik,ik->", err, err))) * _config.ROUND_UP
+            self.P += _norm(err) * _config.ROUND_UP
+            # a shard's u is its share of the outputs: no contraction to read from it
+            ahead = lookahead(_norm(self.u - self.Y), before) if self.width == self.m else 0.0
         with self.timer("query"):
             popped, self.heap_size = pop_due(self.heap_keys, self.heap_ids, self.heap_size, self.P)
             self._consistent = False
-            again, flips = self._visit(popped, full=False)
+            again, flips = self._visit(popped, full=False, ahead=ahead)
         with self.timer("update"):
             self.flips = self._apply(flips)
             rows = popped[again]
@@ -665,13 +698,16 @@ class KernelTrainer(BandTrainer):
         self.evaluated = 0
         return row
 
-    def _visit(self, rows: np.ndarray, full: bool) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
-        """:func:`visit_rows` on ``rows`` (``full``: every ever-fired value); returns the
-        mask of the rows to re-anchor and the flips as ``(r, j, value, on)`` arrays."""
+    def _visit(
+        self, rows: np.ndarray, full: bool, ahead: float
+    ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+        """:func:`visit_rows` on ``rows`` (``full``: every ever-fired value; ``ahead``: see
+        :func:`lookahead`); returns the mask of the rows to re-anchor and the flips as
+        ``(r, j, value, on)`` arrays."""
         st = self.store
         args = (*self._store_args(), self.G, self.X, st.xnorm, self._parts, self.eta_s, self.b)
         args += (st.R, self.cert, _config.scatter_cost(st.n), _config.GRAM_ROW_COST)
-        args += (self.anchor_drift, full, self.P, self.per_p)
+        args += (self.anchor_drift, full, ahead, self.P, self.per_p)
         few = rows.shape[0] < _config.SERIAL_WORK  # waking the other threads costs more
         _, again, flips = self._in_groups(rows, True, visit_few if few else visit_rows, args)
         return again, flips
