@@ -160,7 +160,7 @@ def test_eval_ever_from_the_data_gives_the_same_values_and_bounds():
         before = st.W0[r] - clast[s0 : s0 + ns] @ st.X[j]
         pool.val[s0 : s0 + ns] = st.X[j] @ before
         since, step = _pairs.eval_ever_data(
-            r, st.seg, pool, scratch, st.a, st.E, st.X, st.xnorm, eta_s, dw
+            r, st.seg, pool, scratch, st.a, st.E, st.X, st.xnorm, eta_s, dw, False
         )
         np.testing.assert_allclose(pool.val[s0 : s0 + ns], U[r, j], rtol=0, atol=1e-12)
         dist = np.linalg.norm(W[r] - st.W0[r])
@@ -189,7 +189,7 @@ def test_the_data_step_follows_an_evaluation_from_g(want_step):
     moved = np.linalg.norm((C2 - C1) @ st.X, axis=1)
     for r in range(st.m):
         _, step = _pairs.eval_ever_data(
-            r, st.seg, pool, scratch, st.a, st.E, st.X, st.xnorm, eta_s, dw
+            r, st.seg, pool, scratch, st.a, st.E, st.X, st.xnorm, eta_s, dw, False
         )
         assert moved[r] <= step <= moved[r] * (1 + 1e-9) + 1e-9
     assert moved.max() > 0
@@ -265,8 +265,8 @@ def _visit(st, rows, eta_s, parts, anchor_drift, full, gram_cost):
     again = np.zeros(n, dtype=np.bool_)
     visit_rows(
         rows, st.seg, st.nf, st.pool.arrays, st.a, st.E, st.G, st.X, st.xnorm, parts, eta_s,
-        st.b, 1.0, 1.0, 0.0, gram_cost, anchor_drift, full, 0.0, 0.4, fbuf, f_j, f_v, f_on,
-        nflips, nevals, again,
+        st.b, 1.0, 1.0, 0.0, gram_cost, anchor_drift, full, 0.0, 0.0, 0.4, fbuf, f_j, f_v,
+        f_on, nflips, nevals, again,
     )  # fmt: skip
     return nflips, nevals, again
 
