@@ -345,7 +345,9 @@ def visit(
     may reach the band ``β/R`` (or if ``full``), every ever-fired value and the exact
     distance are computed (:func:`~._pairs.eval_ever`, :func:`~._pairs.eval_ever_data`),
     ``anchor_drift`` is reset from them, and the neuron is re-anchored if the band
-    is exceeded (its other entries are then left to the re-anchoring).  Returns
+    is exceeded (its other entries are then left to the re-anchoring), or would be after
+    ``ahead`` more steps like this one (:func:`lookahead`).  On the first visit since the
+    anchor the step is that distance: a neuron re-anchored then computes no value.  Returns
     ``(fpos + #flips, #values computed, whether to re-anchor)``; the values, keys
     and ``nf[r, MINKEY]`` (over all entries) are current.  O(|prefix|·K + the
     evaluated values).
