@@ -31,7 +31,12 @@ from corrtree.training._pool import (
 )
 from corrtree.training._reanchor import reanchor
 from corrtree.training._sparse import keys_to_csr, stepped_rows
-from corrtree.training.kernel import apply_flips, principal_parts, visit_rows
+from corrtree.training.kernel import (
+    apply_flips,
+    apply_flips_by_rows,
+    principal_parts,
+    visit_rows,
+)
 
 BAND = 0.4
 
@@ -406,14 +411,18 @@ def test_reanchor_recomputes_rows_and_bands(gemm, anchor, gain, safe, block_byte
     np.testing.assert_allclose(C2, C, atol=1e-14)
 
 
-def test_apply_flips_keeps_h_the_ntk_of_the_fire_sets(monkeypatch):
-    st, rng = _state(7)
-    F0 = np.zeros((st.m, st.n), dtype=bool)
+def _fire_matrix(st):
+    F = np.zeros((st.m, st.n), dtype=bool)
     indptr, idx = st.firing_csr()
     for r in range(st.m):
-        F0[r, idx[indptr[r] : indptr[r + 1]]] = True
-    H = ntk(F0, st.G, st.a)
-    u = np.zeros((st.n, st.K))
+        F[r, idx[indptr[r] : indptr[r + 1]]] = True
+    return F
+
+
+def _flips(st, rng):
+    """Every neuron evaluated after a large random move: the flips (grouped by neuron,
+    applied to the pool) and the NTK of the fire sets before them."""
+    H = ntk(_fire_matrix(st), st.G, st.a)
     eta_s = _perturb(st, rng, scale=0.3)
     scratch = np.empty((2, st.pool.capacity))
     fr, fj, fv, fo = [], [], [], []
@@ -426,8 +435,16 @@ def test_apply_flips_keeps_h_the_ntk_of_the_fire_sets(monkeypatch):
         fj += list(f_j[:pos])
         fv += list(f_v[:pos])
         fo += list(f_on[:pos])
-    assert len(fr) > 0
     flips = (np.array(fr, np.int64), np.array(fj, np.int64), np.array(fv), np.array(fo, np.bool_))
+    return flips, H
+
+
+def test_apply_flips_keeps_h_the_ntk_of_the_fire_sets(monkeypatch):
+    st, rng = _state(7)
+    flips, H = _flips(st, rng)
+    fr, fj, fv, fo = flips
+    assert len(fr) > 0
+    u = np.zeros((st.n, st.K))
     # the same additions in the same order on one thread as on two, and on the calling
     # thread (few flips): equal bits
     H1, u1, H0, u0 = H.copy(), u.copy(), H.copy(), u.copy()
@@ -448,16 +465,43 @@ def test_apply_flips_keeps_h_the_ntk_of_the_fire_sets(monkeypatch):
     np.testing.assert_array_equal(H, H.T)
     np.testing.assert_array_equal(u, u1)
     np.testing.assert_array_equal(u, u0)
-    F1 = np.zeros_like(F0)
-    indptr, idx = st.firing_csr()
-    for r in range(st.m):
-        F1[r, idx[indptr[r] : indptr[r + 1]]] = True
-    np.testing.assert_allclose(H, ntk(F1, st.G, st.a), atol=1e-12)
+    np.testing.assert_allclose(H, ntk(_fire_matrix(st), st.G, st.a), atol=1e-12)
     sign = np.where(fo, 1.0, -1.0)
     want = outputs_from_values(
-        zip(fr, fj, sign * (np.array(fv) - st.b) + st.b, strict=True), st.a, st.b, st.n, st.m
+        zip(fr, fj, sign * (fv - st.b) + st.b, strict=True), st.a, st.b, st.n, st.m
     )
     np.testing.assert_allclose(u, want, atol=1e-12)
+
+
+@pytest.mark.parametrize("K", [1, 3])
+def test_apply_flips_by_rows_equals_the_writes_in_place(monkeypatch, K):
+    st, rng = _state(11, K=K)
+    flips, H = _flips(st, rng)
+    fr, fj, _, fo = flips
+    assert len(fr) > 0 and (np.diff(fr) == 0).any() and not fo.all()  # a neuron flips twice
+    monkeypatch.setattr(_config, "FLIP_TILE", 8)  # several tiles, the last ones partial
+    args = (st.a, st.G, st.b, 1 / np.sqrt(st.m), float(st.m))
+    points = np.unique(fj)
+    runs = []
+    for threads in (1, numba.get_num_threads()):
+        Hr, ur, T = H.copy(), np.zeros((st.n, K)), np.zeros_like(H)
+        saved = numba.get_num_threads()
+        numba.set_num_threads(threads)
+        try:
+            counts = apply_flips_by_rows(*flips, st.seg, st.pool.arrays, ur, Hr, T, *args, points)
+        finally:
+            numba.set_num_threads(saved)
+        assert not T.any()  # the scratch is zero again
+        runs.append((counts, Hr, ur))
+    (counts, Hr, ur), (counts2, Hr2, ur2) = runs
+    np.testing.assert_array_equal(Hr, Hr2)  # whatever the number of threads
+    np.testing.assert_array_equal(ur, ur2)
+    np.testing.assert_array_equal(Hr, Hr.T)
+    H0, u0 = H.copy(), np.zeros((st.n, K))
+    assert counts == counts2 == apply_flips(*flips, st.seg, st.pool.arrays, u0, H0, *args)
+    np.testing.assert_allclose(Hr, H0, rtol=0, atol=1e-13)
+    np.testing.assert_allclose(Hr, ntk(_fire_matrix(st), st.G, st.a), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(ur, u0, rtol=0, atol=1e-13)
 
 
 def test_stepped_rows_is_the_sparse_gradient_step():

@@ -154,6 +154,17 @@ PROJECTION_GAIN = 1.1
 #: costs about this many of the sequential additions that build H anew (W2, n = 2048:
 #: 4.1e6 writes took 0.17 s, a new H of 9.7e8 additions about 1 s).
 FLIP_WRITE_COST = 40.0
+#: The same write along the flipped point's own row of a scratch matrix, the row in
+#: cache while that point's flips write it (:func:`~corrtree.training.kernel.apply_flips_by_rows`;
+#: W2: 4.3e8 writes in 1.7 s, against 2.6e8 in place in 15.5 s).
+FLIP_ROW_WRITE_COST = 4.0
+#: ... which then adds the scratch matrix and its transpose to H in tiles of this
+#: many rows and columns (a tile of float64 is 32 KiB) ...
+FLIP_TILE = 64
+#: ... at this many additions an entry of a tile (W2: 4.2e6 entries in 9-18 ms).
+FLIP_TILE_COST = 4.0
+#: ... while the scratch matrix (H's size) takes at most this many bytes.
+FLIP_SCRATCH_BYTES = 512 * 2**20
 #: G up to this size is taken to stay in cache.
 CACHED_GRAM_BYTES = 16 * 2**20
 

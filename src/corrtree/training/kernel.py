@@ -77,6 +77,8 @@ __all__ = [
     "KEY",
     "KernelTrainer",
     "anchor_keys",
+    "apply_flips",
+    "apply_flips_by_rows",
     "pop_due",
     "principal_parts",
     "push_all",
@@ -131,12 +133,176 @@ def apply_flips(fr, fj, fv, fon, seg, pool, u, H, a, G, b, scale, m) -> tuple[in
     Fewer than :data:`~corrtree._config.SERIAL_WORK` flips are added on the calling
     thread: the late steps of a run flip a handful of pairs, and waking the other
     threads costs more than that (on a virtual machine whose idle cores halt,
-    milliseconds).  O(Σ_flips |S_r|·K²) writes, plus the walk per thread.
+    milliseconds).  O(Σ_flips |S_r|·K²) writes, plus the walk per thread; the
+    ``(l, j)`` writes land in a different row each, a cache miss each once ``H``
+    outgrows the cache (:func:`apply_flips_by_rows` avoids them).
     """
     if fr.shape[0] < _config.SERIAL_WORK:
         return _apply_flips_rows(fr, fj, fv, fon, seg, pool, u, H, a, G, b, scale, m, 0, u.shape[0])
     parts = max(1, min(numba.get_num_threads(), u.shape[0]))
     return _apply_flips(fr, fj, fv, fon, seg, pool, u, H, a, G, b, scale, m, parts)
+
+
+def apply_flips_by_rows(
+    fr, fj, fv, fon, seg, pool, u, H, T, a, G, b, scale, m, points
+) -> tuple[int, int]:
+    """:func:`apply_flips` through the scratch matrix ``T`` (``H``'s shape, zero on
+    entry and on return): each flip adds ``±a_r a_rᵀ/m`` along its own point's row of
+    ``T`` only -- into the ``(j, l)`` block of every point ``l`` of the neuron's fire
+    set as the flip meets it, half of it into ``(j, j)`` -- the flips of one point
+    one after the other, while that row stays in cache; then one pass over the tiles
+    of ``H`` that meet those rows or their columns adds ``(T + Tᵀ) ∘ G``.
+
+    Every entry of ``H`` receives one addition, the same for ``(p, q)`` as for
+    ``(q, p)`` (``H`` stays symmetric to the bit; ``G`` must be, as ``X @ X.T`` is);
+    the result equals :func:`apply_flips`'s up to rounding, for any number of
+    threads.  ``points``: the distinct points of ``fj``, sorted.
+    O(Σ_flips |S_r|·K²) writes along rows (the sets written out first, in the
+    neurons' order), plus O(nK·min(nK, K·tile·#points)) for the tiles, instead of
+    as many writes each in a row of its own.
+    """
+    starts = np.flatnonzero(np.diff(fr, prepend=-1))
+    ends = np.append(starts[1:], fr.shape[0])
+    ptr, sets = _flip_sets(fr, fj, fon, seg, pool, starts, ends)
+    order = np.argsort(fj, kind="stable")
+    bounds = np.searchsorted(fj[order], points)
+    _rows_by_point(fr, fj, fon, order, bounds, ptr, sets, T, a, m)
+    _add_symmetric(H, T, points, G, _config.FLIP_TILE)
+    flip_outputs(fr, fj, fv, fon, u, a, b, scale)
+    after = seg[fr[starts], NFIRE]
+    before = after - np.add.reduceat(np.where(fon, 1, -1), starts)
+    return int((after - before).sum()), int((after > 0).sum() - (before > 0).sum())
+
+
+def flips_by_rows_cost(writes: float, points: int, size: int, K: int) -> float:
+    """Modelled cost of :func:`apply_flips_by_rows` (in sequential additions): its
+    ``writes`` along rows at :data:`~corrtree._config.FLIP_ROW_WRITE_COST`, and its
+    tiles -- at most every tile of ``H`` (``size × size``), or the tile rows and
+    columns of the ``points`` flipped -- at :data:`~corrtree._config.FLIP_TILE_COST`
+    an entry."""
+    tiles = min(float(size) * size, 2.0 * points * K * _config.FLIP_TILE * size)
+    return _config.FLIP_ROW_WRITE_COST * writes + _config.FLIP_TILE_COST * tiles
+
+
+@njit(cache=True, parallel=True)
+def _flip_sets(fr, fj, fon, seg, pool, starts, ends):
+    """The fire set of each flip's neuron as the flip meets it, without the flipped
+    point: ``sets[ptr[f]:ptr[f + 1]]``, from the pool's sets after the flips
+    (``starts``, ``ends``: where each neuron's flips start and end).  Returns
+    ``(ptr, sets)``.  O(Σ_flips |S_r| + Σ_r |prefix_r|·#flips of r)."""
+    ej, fire = pool[0], pool[6]
+    ng = starts.shape[0]
+    size = np.zeros(fr.shape[0] + 1, dtype=np.int64)
+    for g in prange(ng):
+        i, stop = starts[g], ends[g]
+        nc = seg[fr[i], NFIRE]
+        for f in range(i, stop):
+            nc += -1 if fon[f] else 1
+        for f in range(i, stop):  # the size of the set as flip f meets it
+            if not fon[f]:
+                nc -= 1
+            size[f + 1] = nc
+            if fon[f]:
+                nc += 1
+    ptr = np.cumsum(size)
+    sets = np.empty(ptr[-1], dtype=np.int32)
+    for g in prange(ng):
+        i, stop = starts[g], ends[g]
+        r = fr[i]
+        s0 = seg[r, START]
+        cur = np.empty(size[i + 1] + (stop - i), dtype=np.int32)
+        nc = 0
+        for q in range(s0, s0 + seg[r, SUPP]):  # the set before the flips
+            if fire[q]:
+                keep = True
+                for f in range(i, stop):
+                    if fon[f] and fj[f] == ej[q]:
+                        keep = False
+                if keep:
+                    cur[nc] = ej[q]
+                    nc += 1
+        for f in range(i, stop):
+            if not fon[f]:
+                cur[nc] = fj[f]
+                nc += 1
+        for f in range(i, stop):
+            j = fj[f]
+            if not fon[f]:
+                for c in range(nc):
+                    if cur[c] == j:
+                        cur[c] = cur[nc - 1]
+                        nc -= 1
+                        break
+            sets[ptr[f] : ptr[f + 1]] = cur[:nc]
+            if fon[f]:
+                cur[nc] = j
+                nc += 1
+    return ptr, sets
+
+
+@njit(cache=True, parallel=True)
+def _rows_by_point(fr, fj, fon, order, bounds, ptr, sets, T, a, m):
+    """The flips' writes along their own points' rows of ``T``: ``±a_r a_rᵀ/m`` into
+    block ``(j, l)`` for each ``l`` of the flip's set and half of it into ``(j, j)``;
+    the flips of a point one after the other, in their order (``order``: the flips
+    by point, ``bounds``: where each point's start), each point's rows on one
+    thread.  O(Σ_flips |S_r|·K²)."""
+    K = a.shape[1]
+    npts = bounds.shape[0]
+    for c in prange(npts):
+        lo = bounds[c]
+        hi = bounds[c + 1] if c + 1 < npts else order.shape[0]
+        for k in range(lo, hi):
+            f = order[k]
+            r, j = fr[f], fj[f]
+            sign = 1.0 if fon[f] else -1.0
+            for kk in range(K):
+                row = T[j * K + kk]
+                for k2 in range(K):
+                    w = sign * a[r, kk] * a[r, k2] / m
+                    for p in range(ptr[f], ptr[f + 1]):
+                        row[sets[p] * K + k2] += w
+                    row[j * K + k2] += 0.5 * w
+
+
+@njit(cache=True, parallel=True)
+def _add_symmetric(H, T, points, G, tile):
+    """``H += (T + Tᵀ) ∘ (G ⊗ 1_{K×K})`` over the tiles that meet the rows of ``points``
+    (``T`` is zero elsewhere), then those rows of ``T`` set to zero.  Each tile row
+    is one thread's, and ``(T[p, q] + T[q, p])·G[p, q]`` is the same number for
+    ``(p, q)`` and ``(q, p)`` (``G`` symmetric to the bit, as ``X @ X.T`` is).
+    O(tiles·tile²): a tile of ``Tᵀ`` is copied, then the rows are added in order."""
+    size = H.shape[0]
+    K = size // G.shape[0]
+    nb = (size + tile - 1) // tile
+    hit = np.zeros(nb, dtype=np.bool_)
+    for c in range(points.shape[0]):
+        for k in range(K):
+            hit[(points[c] * K + k) // tile] = True
+    point = np.arange(size) // K  # the point of each row of H
+    for pb in prange(nb):
+        p0, p1 = pb * tile, min((pb + 1) * tile, size)
+        tq = np.empty((tile, tile))  # the tile of Tᵀ
+        gq = np.empty(tile)
+        for qb in range(nb):
+            if not (hit[pb] or hit[qb]):
+                continue
+            q0, q1 = qb * tile, min((qb + 1) * tile, size)
+            w = q1 - q0
+            for q in range(q0, q1):
+                tr = T[q]
+                for p in range(p0, p1):
+                    tq[p - p0, q - q0] = tr[p]
+            for p in range(p0, p1):
+                g = G[point[p]]
+                for q in range(w):
+                    gq[q] = g[point[q0 + q]]
+                hp, tp, tt = H[p, q0:q1], T[p, q0:q1], tq[p - p0]
+                for q in range(w):
+                    hp[q] += (tp[q] + tt[q]) * gq[q]
+    for c in prange(points.shape[0]):
+        for k in range(K):
+            T[points[c] * K + k, :] = 0.0
 
 
 @njit(cache=True)
@@ -580,6 +746,8 @@ class KernelTrainer(BandTrainer):
             )
         super()._prepare(W0, **options)
         self.H = ntk_matrix(*self.store.firing_csr(), self.G, self.a, self.width)
+        self._scratch: np.ndarray | None = None  # apply_flips_by_rows's, made when first used
+        self._by_rows: bool | None = None  # whether it may be used (_rows_fit)
         self._parts = principal_parts(
             self.X, self.G, _config.PROJECTION_RANK, _config.PROJECTION_GAIN
         )
@@ -647,6 +815,8 @@ class KernelTrainer(BandTrainer):
             fail("heap_keys", "not a heap")
         super()._restore(W0, arrays, scalars, sizes)
         self.H = arrays["H"]
+        self._scratch = None
+        self._by_rows = None
         self.P = scalars["P"]
         self.anchor_drift = arrays["anchor_drift"]
         self._parts = principal_parts(
@@ -714,43 +884,59 @@ class KernelTrainer(BandTrainer):
         _, again, flips = self._in_groups(rows, True, visit_few if few else visit_rows, args)
         return again, flips
 
+    def _rows_fit(self) -> bool:
+        """Whether :func:`apply_flips_by_rows` may be used: its scratch matrix within
+        :data:`~corrtree._config.FLIP_SCRATCH_BYTES` and ``G`` symmetric to the bit."""
+        if self._by_rows is None:
+            self._by_rows = self.H.nbytes <= _config.FLIP_SCRATCH_BYTES and bool(
+                np.array_equal(self.G, self.G.T)
+            )
+        return self._by_rows
+
     def _apply(self, flips: tuple[np.ndarray, ...]) -> int:
         """Add flips (already applied to the pool) to ``u`` and ``H`` and to the counts;
         returns their number.
 
-        Each flip rewrites ``|S_r|·K²`` scattered entries of ``H``
-        (:func:`apply_flips`); when those writes, at :data:`~corrtree._config.FLIP_WRITE_COST`
-        each, outnumber the ``Σ_r |S_r|²·K²`` sequential ones of building ``H`` anew
-        (:func:`~._ntk.ntk_matrix`, as in the first steps of coherent data), ``H`` is
-        built anew instead: the same matrix up to rounding.
+        Each flip rewrites ``|S_r|·K²`` entries of a row and as many of a column of
+        ``H``.  Of three ways, the one of least modelled cost (in sequential additions):
+        those writes in place (:func:`apply_flips`, a cache miss each at
+        :data:`~corrtree._config.FLIP_WRITE_COST`); the row writes into a scratch
+        matrix, then ``H`` tile by tile (:func:`apply_flips_by_rows`, while the scratch
+        fits :data:`~corrtree._config.FLIP_SCRATCH_BYTES`); or ``H`` built anew from
+        the fire sets (:func:`~._ntk.ntk_matrix`, ``Σ_r |S_r|²·K²`` additions, as in the
+        first steps of coherent data).  The same matrix up to rounding.
         """
         fr, fj, fv, fon = flips
         if not fr.shape[0]:
             return 0
         st = self.store
-        K2 = self.a.shape[1] ** 2
-        cost = _config.FLIP_WRITE_COST * float(st.seg[fr, NFIRE].sum()) * K2
-        if cost > self.H.shape[0] ** 2 and cost > _new_h_cost(st.seg, K2) + self.H.shape[0] ** 2:
+        K = self.a.shape[1]
+        size = self.H.shape[0]
+        writes = float(st.seg[fr, NFIRE].sum()) * K * K
+        points = np.unique(fj)
+        costs = {
+            "scattered": _config.FLIP_WRITE_COST * writes,
+            "anew": _new_h_cost(st.seg, K * K) + size**2,
+        }
+        if fr.shape[0] >= _config.SERIAL_WORK and self._rows_fit():
+            costs["rows"] = flips_by_rows_cost(writes, points.shape[0], size, K)
+        way = min(costs, key=costs.__getitem__)
+        if way == "anew":
             self.H = ntk_matrix(*st.firing_csr(), self.G, self.a, self.width)
             flip_outputs(fr, fj, fv, fon, self.u, self.a, self.b, self.scale)
             self.fired = st.fired_pairs()
             self.moved = st.moved_neurons()
             return int(fr.shape[0])
-        d_fired, d_moved = apply_flips(
-            fr,
-            fj,
-            fv,
-            fon,
-            self.store.seg,
-            self.store.pool.arrays,
-            self.u,
-            self.H,
-            self.a,
-            self.G,
-            self.b,
-            self.scale,
-            float(self.width),
-        )
+        args = (self.a, self.G, self.b, self.scale, float(self.width))
+        pool = st.pool.arrays
+        if way == "rows":
+            if self._scratch is None:
+                self._scratch = np.zeros_like(self.H)
+            d_fired, d_moved = apply_flips_by_rows(
+                fr, fj, fv, fon, st.seg, pool, self.u, self.H, self._scratch, *args, points
+            )
+        else:
+            d_fired, d_moved = apply_flips(fr, fj, fv, fon, st.seg, pool, self.u, self.H, *args)
         self.fired += d_fired
         self.moved += d_moved
         return int(fr.shape[0])
