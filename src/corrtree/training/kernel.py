@@ -184,6 +184,39 @@ def flips_by_rows_cost(writes: float, points: int, size: int, K: int) -> float:
     return _config.FLIP_ROW_WRITE_COST * writes + _config.FLIP_TILE_COST * tiles
 
 
+@njit(cache=True, inline="always")
+def _set_before(r, i, stop, fj, fon, seg, ej, fire, cur):
+    """Write into ``cur`` the fire set of ``r`` before its flips ``i:stop`` (the pool
+    holds the set after them: less the points they turn on, plus those they turn
+    off); returns its size."""
+    s0 = seg[r, START]
+    nc = 0
+    for q in range(s0, s0 + seg[r, SUPP]):
+        if fire[q]:
+            keep = True
+            for f in range(i, stop):
+                if fon[f] and fj[f] == ej[q]:
+                    keep = False  # turned on by these flips: not in the old set
+            if keep:
+                cur[nc] = ej[q]
+                nc += 1
+    for f in range(i, stop):  # turned off by these flips: in the old set
+        if not fon[f]:
+            cur[nc] = fj[f]
+            nc += 1
+    return nc
+
+
+@njit(cache=True, inline="always")
+def _leave(cur, nc, j):
+    """Remove ``j`` from ``cur[:nc]`` (order not kept); returns the new size."""
+    for c in range(nc):
+        if cur[c] == j:
+            cur[c] = cur[nc - 1]
+            return nc - 1
+    return nc
+
+
 @njit(cache=True, parallel=True)
 def _flip_sets(fr, fj, fon, seg, pool, starts, ends):
     """The fire set of each flip's neuron as the flip meets it, without the flipped
@@ -208,31 +241,12 @@ def _flip_sets(fr, fj, fon, seg, pool, starts, ends):
     sets = np.empty(ptr[-1], dtype=np.int32)
     for g in prange(ng):
         i, stop = starts[g], ends[g]
-        r = fr[i]
-        s0 = seg[r, START]
         cur = np.empty(size[i + 1] + (stop - i), dtype=np.int32)
-        nc = 0
-        for q in range(s0, s0 + seg[r, SUPP]):  # the set before the flips
-            if fire[q]:
-                keep = True
-                for f in range(i, stop):
-                    if fon[f] and fj[f] == ej[q]:
-                        keep = False
-                if keep:
-                    cur[nc] = ej[q]
-                    nc += 1
-        for f in range(i, stop):
-            if not fon[f]:
-                cur[nc] = fj[f]
-                nc += 1
+        nc = _set_before(fr[i], i, stop, fj, fon, seg, ej, fire, cur)
         for f in range(i, stop):
             j = fj[f]
             if not fon[f]:
-                for c in range(nc):
-                    if cur[c] == j:
-                        cur[c] = cur[nc - 1]
-                        nc -= 1
-                        break
+                nc = _leave(cur, nc, j)
             sets[ptr[f] : ptr[f + 1]] = cur[:nc]
             if fon[f]:
                 cur[nc] = j
@@ -351,22 +365,8 @@ def _apply_flips_rows(fr, fj, fv, fon, seg, pool, u, H, a, G, b, scale, m, lo, h
         stop = i
         while stop < fr.shape[0] and fr[stop] == r:
             stop += 1
-        s0 = seg[r, START]
         cur = np.empty(seg[r, NFIRE] + (stop - i), dtype=np.int64)
-        nc = 0
-        for q in range(s0, s0 + seg[r, SUPP]):  # fire set after the flips
-            if fire[q]:
-                keep = True
-                for f in range(i, stop):
-                    if fon[f] and fj[f] == ej[q]:
-                        keep = False  # turned on by these flips: not in the old set
-                if keep:
-                    cur[nc] = ej[q]
-                    nc += 1
-        for f in range(i, stop):  # turned off by these flips: in the old set
-            if not fon[f]:
-                cur[nc] = fj[f]
-                nc += 1
+        nc = _set_before(r, i, stop, fj, fon, seg, ej, fire, cur)
         before = nc
         for f in range(i, stop):
             j = fj[f]
@@ -374,11 +374,7 @@ def _apply_flips_rows(fr, fj, fv, fon, seg, pool, u, H, a, G, b, scale, m, lo, h
                 sign = 1.0
             else:
                 sign = -1.0
-                for c in range(nc):  # leave the set first
-                    if cur[c] == j:
-                        cur[c] = cur[nc - 1]
-                        nc -= 1
-                        break
+                nc = _leave(cur, nc, j)  # leave the set first
             for c in range(nc):
                 _add_pair(H, a, r, j, cur[c], G, sign, m, lo, hi)
             if fon[f]:
@@ -913,12 +909,12 @@ class KernelTrainer(BandTrainer):
         K = self.a.shape[1]
         size = self.H.shape[0]
         writes = float(st.seg[fr, NFIRE].sum()) * K * K
-        points = np.unique(fj)
         costs = {
             "scattered": _config.FLIP_WRITE_COST * writes,
             "anew": _new_h_cost(st.seg, K * K) + size**2,
         }
         if fr.shape[0] >= _config.SERIAL_WORK and self._rows_fit():
+            points = np.unique(fj)
             costs["rows"] = flips_by_rows_cost(writes, points.shape[0], size, K)
         way = min(costs, key=costs.__getitem__)
         if way == "anew":
