@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.stats import norm
+from scipy.special import ndtr
 
 __all__ = [
     "convergence_rate",
@@ -19,7 +19,7 @@ __all__ = [
 
 def fire_probability(b: float) -> float:
     """``Q(b) = P[N(0, 1) >= b]``: the chance a neuron fires on a unit-norm point at init."""
-    return float(norm.sf(b))
+    return float(ndtr(-b))
 
 
 def expected_fired(m: int, b: float) -> float:

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 import numpy as np
-from scipy.stats import norm
+from scipy.special import ndtri
 
 from ..detector import FiringDetector
 from ..trees import CorrelationDTree, CorrelationWTree
@@ -45,7 +45,7 @@ def instance(n: int, m: int, d: int, seed: int = 0) -> tuple[np.ndarray, np.ndar
     X = rng.standard_normal((n, d))
     X /= np.linalg.norm(X, axis=1, keepdims=True)
     Y = rng.standard_normal((m, d))
-    return X, Y, float(norm.isf(FIRE_SHARE))  # <x, y> ~ N(0, 1) for unit x
+    return X, Y, float(-ndtri(FIRE_SHARE))  # <x, y> ~ N(0, 1) for unit x
 
 
 def _numpy_pairs(X: np.ndarray, Y: np.ndarray, b: float) -> np.ndarray:
@@ -192,7 +192,7 @@ def query_vs_output(n: int, m: int, d: int, seed: int = 0) -> dict:
     tree = CorrelationDTree(X, Y)
     rows = []
     for share in (1e-5, 1e-4, 1e-3, 1e-2, 5e-2):
-        tau = float(norm.isf(share))
+        tau = float(-ndtri(share))
         t_tree = median_time(lambda tau=tau: tree.query_all(tau), repeat=5)[0]
         det = FiringDetector(X, Y, tau, limit=None)
         t_det = median_time(det.query, repeat=5)[0]

@@ -18,7 +18,7 @@ or doubled without changing any of the five choices, but
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import norm
+from scipy.special import ndtr
 
 from .. import _config
 
@@ -59,7 +59,7 @@ def fire_share(norms: np.ndarray, b: float) -> float:
     norms = np.asarray(norms, dtype=np.float64)
     with np.errstate(divide="ignore"):
         z = np.where(norms > 0, b / np.where(norms > 0, norms, 1.0), np.inf)
-    return float(np.mean(norm.sf(z)))
+    return float(np.mean(ndtr(-z)))
 
 
 def coherence(G: np.ndarray, sample: int = 256) -> float:
