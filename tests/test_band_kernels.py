@@ -259,7 +259,7 @@ def test_evaluate_neuron_flips_exactly_the_crossed_pairs(scatter):
     assert total > 0  # the coefficients moved some pairs across b
 
 
-def _visit(st, rows, eta_s, parts, anchor_drift, full, gram_cost):
+def _visit(st, rows, eta_s, parts, anchor_drift, res_drift, full, gram_cost):
     """:func:`visit_rows` on ``rows`` with flip records; ``R = 1``, ``P = 0``."""
     n = rows.shape[0]
     fbuf = np.zeros(n + 1, dtype=np.int64)
@@ -270,8 +270,8 @@ def _visit(st, rows, eta_s, parts, anchor_drift, full, gram_cost):
     again = np.zeros(n, dtype=np.bool_)
     visit_rows(
         rows, st.seg, st.nf, st.pool.arrays, st.a, st.E, st.G, st.X, st.xnorm, parts, eta_s,
-        st.b, 1.0, 1.0, 0.0, gram_cost, anchor_drift, full, 0.0, 0.0, 0.4, fbuf, f_j, f_v,
-        f_on, nflips, nevals, again,
+        st.b, 1.0, 1.0, 0.0, gram_cost, anchor_drift, res_drift, full, 0.0, 0.0, 0.4, fbuf, f_j,
+        f_v, f_on, nflips, nevals, again,
     )  # fmt: skip
     return nflips, nevals, again
 
@@ -282,16 +282,17 @@ def _visit(st, rows, eta_s, parts, anchor_drift, full, gram_cost):
 def test_visit_finds_every_crossing_and_evaluates_fewer(gram_cost, rank, gain):
     """After each small step, a visit leaves every tracked pair's fire flag equal to the
     brute-force ``U >= b``, with exact values where it evaluated, a drift that grew by
-    at least the neuron's true move, and fewer values computed than there are entries."""
+    at least the neuron's true move, and fewer values computed than there are entries:
+    with every direction principal, the screen leaves about the flips to evaluate."""
     st, rng = _state(11, n=40, m=80)
     eta_s = _perturb(st, rng, scale=0.2)
     st.nf[:, BETA] = 1e9  # no re-anchoring: every crossing is the visit's to find
     pool = st.pool.arrays
     rows = np.arange(st.m)
-    anchor_drift = np.zeros(st.m)
+    anchor_drift, res_drift = np.zeros(st.m), np.zeros(st.m)
     parts = principal_parts(st.X, st.G, rank, gain)
     assert parts[0].shape[1] == (0 if gain > 1 else rank)
-    _visit(st, rows, eta_s, parts, anchor_drift, True, gram_cost)  # all values current
+    _visit(st, rows, eta_s, parts, anchor_drift, res_drift, True, gram_cost)  # all values current
     flips = evaluated = 0
     for _ in range(12):
         C0 = coefficients(st.seg, pool, st.a, st.E, eta_s, st.m, st.n)
@@ -301,7 +302,8 @@ def test_visit_finds_every_crossing_and_evaluates_fewer(gram_cost, rank, gain):
         U = products(st.X, st.W0 - C @ st.X)
         drift0 = st.nf[:, DRIFT].copy()
         before = {(r, j): v for r in rows for j, v in _values(st, r)}
-        nflips, nevals, again = _visit(st, rows, eta_s, parts, anchor_drift, False, gram_cost)
+        step = _visit(st, rows, eta_s, parts, anchor_drift, res_drift, False, gram_cost)
+        nflips, nevals, again = step
         assert not again.any()
         assert (st.nf[:, DRIFT] - drift0 >= true * (1 - 1e-9)).all()
         for r in rows:
@@ -315,6 +317,8 @@ def test_visit_finds_every_crossing_and_evaluates_fewer(gram_cost, rank, gain):
         evaluated += int(nevals.sum())
     assert flips > 0  # the steps moved some pairs across b
     assert evaluated < 12 * int(st.seg[:, CNT].sum())  # keys spared some values
+    if parts[0].shape[1] == st.X.shape[1]:  # no residual: the screen evaluates the flips
+        assert evaluated < 2 * flips
 
 
 @pytest.mark.parametrize(("n", "d"), [(40, 12), (10, 30)])  # from XᵀX; from G
@@ -326,13 +330,13 @@ def test_principal_parts_bound_every_combination(n, d):
     G = X @ X.T
     s = np.linalg.svd(X, compute_uv=False)
     k = 4
-    Z, resid, rho = principal_parts(X, G, k, 1.0)
+    Z, resid, rho, *_ = principal_parts(X, G, k, 1.0)
     assert Z.shape == (n, k) and rho >= s[k] and rho <= s[k] * 1.001 + 1e-6
     np.testing.assert_allclose(np.linalg.norm(Z, axis=0), s[:k], rtol=1e-9)
     # no directions when ||X||_2 is within the gain of the rank-k ρ
-    Z, resid, rho = principal_parts(X, G, k, 0.99 * s[0] / s[k])
+    Z, *_ = principal_parts(X, G, k, 0.99 * s[0] / s[k])
     assert Z.shape == (n, k)
-    Z, resid, rho = principal_parts(X, G, k, 1.01 * s[0] / s[k])
+    Z, resid, rho, *_ = principal_parts(X, G, k, 1.01 * s[0] / s[k])
     assert Z.shape == (n, 0) and rho >= s[0] and rho <= s[0] * 1.001 + 1e-6
     for _ in range(50):
         S = rng.random(n) < 0.5
@@ -340,6 +344,37 @@ def test_principal_parts_bound_every_combination(n, d):
         lhs = np.linalg.norm(c @ X[S])
         res = min(rho, np.sqrt((resid[S] ** 2).sum()))
         assert lhs <= np.linalg.norm(c @ Z[S]) + res * np.linalg.norm(c) + 1e-12
+
+
+@pytest.mark.parametrize(("n", "d"), [(40, 12), (10, 30), (30, 4)])  # XᵀX; G; no residual
+def test_principal_parts_screen_bounds_every_gram_sum(n, d):
+    """``G - Z Zᵀ + δI`` is positive semidefinite (numpy's eigenvalues), and for random
+    coefficients ``|cᵀ G e_j - <Zᵀc, z_j>| <= min(ρ_g, sqrt(Σ g_l²))·||c||·g_j + δ·||c||_1``,
+    the bound :func:`visit`'s screen relies on, with ``g`` and ``ρ_g`` close to the exact
+    residual norms and ``λ_{k+1}``."""
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((n, d)) @ np.diag(np.linspace(3.0, 0.1, d))
+    G = X @ X.T
+    k = min(4, d)
+    Z, _, _, g, rho_g, delta = principal_parts(X, G, k, 1.0)
+    res = G - Z @ Z.T
+    assert np.linalg.eigvalsh(res).min() >= -delta
+    assert 0 < delta < 1e-9 * np.linalg.norm(G, 2)
+    lam = np.linalg.eigvalsh(X.T @ X)[::-1]
+    rest = lam[k] if k < d else 0.0
+    np.testing.assert_allclose(rho_g, np.sqrt(rest), rtol=1e-6, atol=1e-4)
+    np.testing.assert_allclose(g, np.sqrt(np.maximum(np.diag(res), 0)), rtol=1e-6, atol=1e-4)
+    worst = 0.0
+    for _ in range(200):
+        S = rng.random(n) < 0.5
+        c = np.where(S, rng.standard_normal(n), 0.0)
+        j = int(rng.integers(n))
+        lhs = abs(c @ G[:, j] - (c @ Z) @ Z[j])
+        rhs = min(rho_g, np.sqrt((g[S] ** 2).sum())) * np.linalg.norm(c) * g[j]
+        rhs += delta * np.abs(c).sum()
+        assert lhs <= rhs
+        worst = max(worst, lhs / rhs)
+    assert worst > 0.1 or k == d  # the bound is not vacuous
 
 
 def test_weights_forward_and_firing_csr_against_brute_force():

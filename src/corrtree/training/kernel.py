@@ -392,15 +392,25 @@ def _apply_flips_rows(fr, fj, fv, fon, seg, pool, u, H, a, G, b, scale, m, lo, h
 
 
 def principal_parts(X: np.ndarray, G: np.ndarray, rank: int, gain: float) -> tuple[np.ndarray, ...]:
-    """The data along its leading principal directions, for the move bound of
-    :func:`visit`: ``Z = X Q`` (n×k, ``Q`` orthonormal d×k), the residual norms
+    """The data along its leading principal directions, for the move bound and the
+    screen of :func:`visit`: ``Z = X Q`` (n×k, ``Q`` orthonormal d×k), the residual norms
     ``||x_l - Q z_l||`` and a bound ``ρ`` on the residual's spectral norm
     ``||X - Z Qᵀ||_2`` (the (k+1)-th singular value of X), each enlarged to cover
     the rounding of the eigensolver and of ``Z``.  ``k = min(rank, d, n)``, or 0 when
     ``||X||_2`` is within ``gain`` of that ``ρ`` (data without leading directions,
     as isotropic data): the bound is then ``||X||_2·||dl||``, with no O(k) work per
-    pair.  Returns ``(Z, residual norms, ρ)``.  O(n·d·min(n, d) + min(n, d)³), from
-    ``G`` when ``n <= d``.
+    pair.
+
+    The screen splits ``G`` itself: ``G = Z Zᵀ + G_res`` with ``G_res + δI`` positive
+    semidefinite (``δ`` covers the rounding of ``G``, of the eigensolver and of ``Z``),
+    so for any coefficients ``c`` (Cauchy–Schwarz in the ``G_res + δI`` inner product)
+
+        |cᵀ G e_j - <Zᵀc, z_j>| <= sqrt(cᵀ (G_res + δI) c) · g_j + δ·||c||_1,
+
+    with ``g_j >= sqrt(G_res[j, j] + δ)`` and ``sqrt(cᵀ (G_res + δI) c) <= min(ρ_g,
+    sqrt(Σ_{l: c_l ≠ 0} g_l²))·||c||``, ``ρ_g² >= λ_max(G_res) + δ``.  Returns ``(Z,
+    residual norms, ρ, g, ρ_g, δ)``.  O(n·d·min(n, d) + min(n, d)³), from ``G`` when
+    ``n <= d``.
     """
     n, d = X.shape
     if n <= d:  # X = U S Vᵀ: eigenpairs of G = U S² Uᵀ
@@ -427,7 +437,13 @@ def principal_parts(X: np.ndarray, G: np.ndarray, rank: int, gain: float) -> tup
     resid = np.sqrt(np.einsum("ij,ij->i", R, R))
     bound = math.sqrt(max(rest, 0.0) + slack) * _ROUND_UP
     xn = np.sqrt(np.einsum("ij,ij->i", X, X))
-    return Z, resid * _ROUND_UP + math.sqrt(slack / max(scale, 1e-300)) * xn, bound
+    # G's rounding (<= (d+2)·2⁻⁵³·||x_i||·||x_j|| an entry) and Z's, as a spectral norm
+    top = max(scale, float(np.max(xn, initial=0.0)) ** 2)
+    delta = slack + 64.0 * (n + d + 2) * (d + 2) * _U64 * top
+    zz = np.einsum("ij,ij->i", Z, Z)
+    g = np.sqrt(np.maximum(np.diag(G) - zz, 0.0) + delta + (k + 2) * _U64 * zz) * _ROUND_UP
+    rho_g = math.sqrt(max(rest, 0.0) + 2.0 * delta) * _ROUND_UP
+    return Z, resid * _ROUND_UP + math.sqrt(slack / max(scale, 1e-300)) * xn, bound, g, rho_g, delta
 
 
 @njit(cache=True, inline="always")
@@ -461,9 +477,10 @@ def _entry_key(drift, v, b, xn):
 
 
 @njit(cache=True, parallel=True)
-def anchor_keys(rows, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, anchor_drift):
+def anchor_keys(rows, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, anchor_drift, res_drift):
     """Keys of freshly anchored neurons ``rows`` (all values current): every entry's, the
-    neuron's (:func:`_heap_key`), and ``anchor_drift[r]``, its drift now."""
+    neuron's (:func:`_heap_key`), ``anchor_drift[r]``, its drift now, and ``res_drift[r] =
+    0``: no residual move since the anchor yet."""
     ej, val, key = pool.j, pool.val, pool.key
     for k in prange(rows.shape[0]):
         r = rows[k]
@@ -475,6 +492,7 @@ def anchor_keys(rows, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, ancho
             best = min(best, key[q])
         nf[r, MINKEY] = best
         anchor_drift[r] = drift
+        res_drift[r] = 0.0
         _sigma_of(r, seg, nf, pool, G, xnorm, d, scatter)
         nf[r, KEY] = _heap_key(r, nf, anchor_drift, R, P, per_p)
 
@@ -482,7 +500,7 @@ def anchor_keys(rows, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, ancho
 @njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
 def visit(
     r, seg, nf, pool, scratch, a, E, G, X, xnorm, parts, eta_s, b, R, cert, scatter, gram_cost,
-    dw, dws, zw, anchor_drift, full, ahead, f_j, f_v, f_on, fpos,
+    dw, dws, zw, zc, anchor_drift, res_drift, full, ahead, f_j, f_v, f_on, fpos,
 ):  # fmt: skip
     """Bring neuron ``r``, whose key has passed, to the current time (kernel trainer).
 
@@ -501,6 +519,13 @@ def visit(
     drift ``D`` with value ``v``: only the entries whose key ``D_r`` reached are evaluated,
     by the Gram identity ``uref - Σ_l dc_l G[l, j]`` (``dc = C - cref``, |prefix| reads) or,
     when ``gram_cost`` reads a value cost more, from the move ``Σ_l dc_l x_l`` formed once.
+    With principal directions, a due entry is first screened in O(k): its value is
+    ``uref - <Σ_l dc_l z_l, z_j>`` within ``res_drift[r]·g_j`` (:func:`principal_parts`;
+    ``res_drift`` sums the bounds on the residual part of each step since the anchor,
+    ``zc`` holds ``Σ_l dc_l z_l``), and an entry that stays on its side by more than that
+    and the rounding of both ways is not evaluated: its key becomes the drift plus that
+    margin over ``||x_j||``.  Only the entries that may flip, or whose side is in doubt,
+    are evaluated; the fire flags are the same.
     Flips are applied and recorded from ``fpos`` on (if ``f_j`` is non-empty).
 
     The distance from the anchor is at most ``D_r - anchor_drift[r]``; once that
@@ -524,15 +549,19 @@ def visit(
     ns = seg[r, SUPP]
     end = s0 + seg[r, CNT]
     sig = _sigma_of(r, seg, nf, pool, G, xnorm, d, scatter)
-    Z, resid, rho = parts
+    Z, resid, rho, gres, rho_g, delta = parts
     k = Z.shape[1]
     dc, dls = scratch[0], scratch[1]
     zw[:] = 0.0
+    zc[:] = 0.0
     sq = 0.0
+    sq_all = 0.0
     off = 0.0
     res2 = 0.0
+    gres2 = 0.0
     l1 = 0.0
     l1_all = 0.0
+    l1_c = 0.0
     xmax = 0.0
     xall = 0.0
     unvisited = True  # clast = cref: the step since the last visit is the move since the anchor
@@ -542,6 +571,7 @@ def visit(
         dl = c - clast[q]
         dls[q - s0] = dl
         l1_all += abs(dl)
+        sq_all += dl * dl
         j = ej[q]
         xall = max(xall, xnorm[j])
         if fire[q]:
@@ -554,7 +584,13 @@ def visit(
         else:
             off += abs(dl) * xnorm[j]
         clast[q] = c
-        dc[q - s0] = c - cref[q]
+        dcq = c - cref[q]
+        dc[q - s0] = dcq
+        if k:
+            gres2 += gres[j] * gres[j]
+            l1_c += abs(dcq)
+            for t in range(k):
+                zc[t] += dcq * Z[j, t]
     proj = 0.0
     for t in range(k):
         proj += zw[t] * zw[t]
@@ -564,6 +600,13 @@ def visit(
     split = proj + min(rho, math.sqrt(res2)) * norm_dl
     move = (min(sig * norm_dl, split) + off) * (1.0 + (ns + 4) * _U64) * _ROUND_UP
     drift = nf[r, DRIFT] + cert * move
+    if k:  # the residual part of this step, in the G_res + δI norm (principal_parts)
+        step_res = min(rho_g, math.sqrt(gres2)) * math.sqrt(sq_all)
+        res_drift[r] += cert * step_res * (1.0 + (ns + 4) * _U64) * _ROUND_UP
+    # a screened value errs by the residual part, δ·||dc||_1 and the rounding of both ways
+    res_now = res_drift[r]
+    slack_c = delta * l1_c
+    unit = 2.0 * (ns + k + 4) * _U64
     exact = np.inf
     due = 0
     for q in range(s0, end):
@@ -607,19 +650,36 @@ def visit(
         again = needs_reanchor(r, nf, since + ahead * exact, R)
     else:
         data = due * ns * gram_cost > (ns + due) * d
-        if data:
-            form_move(dw, X, ej, dc, s0, s0 + ns)
+    formed = fresh and data  # the move since the anchor in dw
     best = np.inf
     stop = s0 if skip else s0 + ns if again else end  # re-anchoring recomputes the others
     for q in range(s0, stop):  # increasing order: a pair turned on moves below q (flip)
         in_prefix = q < s0 + ns
         if (fresh and in_prefix) or key[q] <= drift:
             if not (fresh and in_prefix):
+                j = ej[q]
+                if k:
+                    zp = 0.0
+                    for t in range(k):
+                        zp += zc[t] * Z[j, t]
+                    guess = uref[q] - zp
+                    xn = xnorm[j]
+                    margin = res_now * gres[j] + slack_c
+                    margin += unit * (l1_c * xall * xn + abs(uref[q]) + abs(zp))
+                    margin *= _ROUND_UP
+                    side = guess - b  # the screen: on its side by more than the margin
+                    if (side > margin if fire[q] else -side > margin) and xn > 0:
+                        key[q] = drift + (abs(side) - margin) / xn
+                        best = min(best, key[q])
+                        continue
                 evaluated += 1
                 if data:
-                    val[q] = uref[q] - data_dot(X, ej[q], dw)
+                    if not formed:
+                        form_move(dw, X, ej, dc, s0, s0 + ns)
+                        formed = True
+                    val[q] = uref[q] - data_dot(X, j, dw)
                 else:
-                    val[q] = uref[q] - gram_sum(G, ej[q], ej, dc, s0, ns)
+                    val[q] = uref[q] - gram_sum(G, j, ej, dc, s0, ns)
             v = val[q]
             now = v >= b
             pos = q
@@ -642,7 +702,8 @@ def visit(
 @njit(cache=True)
 def _visit_range(
     rows, lo, hi, seg, nf, pool, a, E, G, X, xnorm, parts, eta_s, b, R, cert, scatter,
-    gram_cost, anchor_drift, full, ahead, P, per_p, fbuf, f_j, f_v, f_on, nflips, nevals, again,
+    gram_cost, anchor_drift, res_drift, full, ahead, P, per_p, fbuf, f_j, f_v, f_on, nflips, nevals,
+    again,
 ):  # fmt: skip
     """:func:`visit` for ``rows[lo:hi]`` on this thread, with its own scratch vectors;
     each gets its new key (:func:`_heap_key`) unless it must be re-anchored
@@ -652,13 +713,15 @@ def _visit_range(
     dw = np.empty(X.shape[1])
     dws = np.empty(X.shape[1])
     zw = np.empty(parts[0].shape[1])
+    zc = np.empty(parts[0].shape[1])
     scratch = np.empty((2, G.shape[0]))
     for k in range(lo, hi):
         r = rows[k]
         start = fbuf[k] if record else 0
         pos, nevals[k], again[k] = visit(
             r, seg, nf, pool, scratch, a, E, G, X, xnorm, parts, eta_s, b, R, cert,
-            scatter, gram_cost, dw, dws, zw, anchor_drift, full, ahead, f_j, f_v, f_on, start,
+            scatter, gram_cost, dw, dws, zw, zc, anchor_drift, res_drift, full, ahead, f_j, f_v,
+            f_on, start,
         )  # fmt: skip
         nflips[k] = pos - start
         if not again[k]:
@@ -668,7 +731,7 @@ def _visit_range(
 @njit(cache=True, parallel=True)
 def visit_rows(
     rows, seg, nf, pool, a, E, G, X, xnorm, parts, eta_s, b, R, cert, scatter, gram_cost,
-    anchor_drift, full, ahead, P, per_p, fbuf, f_j, f_v, f_on, nflips, nevals, again,
+    anchor_drift, res_drift, full, ahead, P, per_p, fbuf, f_j, f_v, f_on, nflips, nevals, again,
 ):  # fmt: skip
     """:func:`_visit_range` for every neuron of ``rows``, in parallel chunks."""
     nrows = rows.shape[0]
@@ -676,21 +739,21 @@ def visit_rows(
     for c in prange(chunks):
         _visit_range(
             rows, c * nrows // chunks, (c + 1) * nrows // chunks, seg, nf, pool, a, E, G, X,
-            xnorm, parts, eta_s, b, R, cert, scatter, gram_cost, anchor_drift, full, ahead, P,
-            per_p, fbuf, f_j, f_v, f_on, nflips, nevals, again,
+            xnorm, parts, eta_s, b, R, cert, scatter, gram_cost, anchor_drift, res_drift, full,
+            ahead, P, per_p, fbuf, f_j, f_v, f_on, nflips, nevals, again,
         )  # fmt: skip
 
 
 @njit(cache=True)
 def visit_few(
     rows, seg, nf, pool, a, E, G, X, xnorm, parts, eta_s, b, R, cert, scatter, gram_cost,
-    anchor_drift, full, ahead, P, per_p, fbuf, f_j, f_v, f_on, nflips, nevals, again,
+    anchor_drift, res_drift, full, ahead, P, per_p, fbuf, f_j, f_v, f_on, nflips, nevals, again,
 ):  # fmt: skip
     """:func:`visit_rows` on the calling thread, for a few rows (the same results)."""
     _visit_range(
         rows, 0, rows.shape[0], seg, nf, pool, a, E, G, X, xnorm, parts, eta_s, b, R, cert,
-        scatter, gram_cost, anchor_drift, full, ahead, P, per_p, fbuf, f_j, f_v, f_on, nflips,
-        nevals, again,
+        scatter, gram_cost, anchor_drift, res_drift, full, ahead, P, per_p, fbuf, f_j, f_v, f_on,
+        nflips, nevals, again,
     )  # fmt: skip
 
 
@@ -722,13 +785,14 @@ class KernelTrainer(BandTrainer):
 
     name = "kernel"
     SCHEMA = Schema(
-        5,
+        6,
         (
             *BAND_FIELDS,
             Field("H", ("f8",), ("nK", "nK")),
             Field("heap_keys", ("f8",), ("heap",)),
             Field("heap_ids", ("i8",), ("heap",), index="m"),
             Field("anchor_drift", ("f8",), ("m",)),
+            Field("res_drift", ("f8",), ("m",), finite=False),
         ),
         (*BAND_SCALARS, Scalar("P", float, 0.0)),
     )
@@ -749,6 +813,7 @@ class KernelTrainer(BandTrainer):
         )
         self.P = 0.0
         self.anchor_drift = np.zeros(self.m)  # D_r - anchor_drift[r] bounds the distance
+        self.res_drift = np.zeros(self.m)  # bounds its residual part (principal_parts)
         self._consistent = True  # every ever-fired value is of the neuron's last visit
         self._count()
 
@@ -780,6 +845,7 @@ class KernelTrainer(BandTrainer):
             self.P,
             self.per_p,
             self.anchor_drift,
+            self.res_drift,
         )
 
     def _start(self) -> None:
@@ -799,6 +865,7 @@ class KernelTrainer(BandTrainer):
             heap_keys=self.heap_keys[:size],
             heap_ids=self.heap_ids[:size],
             anchor_drift=self.anchor_drift,
+            res_drift=self.res_drift,
         )
         return arrays, {**scalars, "P": self.P}
 
@@ -809,12 +876,15 @@ class KernelTrainer(BandTrainer):
         parent = (np.arange(1, ids.shape[0]) - 1) // 2
         if (keys[parent] > keys[1:]).any():
             fail("heap_keys", "not a heap")
+        if (arrays["res_drift"] < 0).any():
+            fail("res_drift", "must be >= 0")
         super()._restore(W0, arrays, scalars, sizes)
         self.H = arrays["H"]
         self._scratch = None
         self._by_rows = None
         self.P = scalars["P"]
         self.anchor_drift = arrays["anchor_drift"]
+        self.res_drift = arrays["res_drift"]
         self._parts = principal_parts(
             self.X, self.G, _config.PROJECTION_RANK, _config.PROJECTION_GAIN
         )
@@ -839,6 +909,8 @@ class KernelTrainer(BandTrainer):
                     self._apply(self._reanchor(every[again]))
                     self._anchor_keys(every[again])
                 self._consistent = True
+            # its evaluations do not add to the residual drifts: no screen from now on
+            self.res_drift.fill(np.inf)
             return self._advance_linear(err, step)
         st = self.store
         stats = (self.fired, self.moved, self.flips, self.entries)
@@ -875,7 +947,7 @@ class KernelTrainer(BandTrainer):
         st = self.store
         args = (*self._store_args(), self.G, self.X, st.xnorm, self._parts, self.eta_s, self.b)
         args += (st.R, self.cert, _config.scatter_cost(st.n), _config.GRAM_ROW_COST)
-        args += (self.anchor_drift, full, ahead, self.P, self.per_p)
+        args += (self.anchor_drift, self.res_drift, full, ahead, self.P, self.per_p)
         few = rows.shape[0] < _config.SERIAL_WORK  # waking the other threads costs more
         _, again, flips = self._in_groups(rows, True, visit_few if few else visit_rows, args)
         return again, flips
