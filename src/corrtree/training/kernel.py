@@ -497,6 +497,22 @@ def anchor_keys(rows, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, ancho
         nf[r, KEY] = _heap_key(r, nf, anchor_drift, R, P, per_p)
 
 
+@njit(cache=True, inline="always")
+def _screened_gap(uref, fire, zc, z, xn, b, residual, slack):
+    """How far beyond ``b``, on the side ``fire`` says, a value ``uref - <zc, z>`` within
+    ``residual`` plus ``slack = (δ·||dc||_1, unit rounding, ||dc||_1·max ||x_l||)`` of
+    its exact Gram sum must lie (:func:`visit`'s screen); 0 if it may not be there, or
+    if ``||x_j|| = xn`` is 0.  O(k)."""
+    zp = 0.0
+    for t in range(zc.shape[0]):
+        zp += zc[t] * z[t]
+    fixed, unit, scale = slack
+    margin = (residual + fixed + unit * (scale * xn + abs(uref) + abs(zp))) * _ROUND_UP
+    side = uref - zp - b
+    gap = side - margin if fire else -side - margin
+    return gap if gap > 0.0 and xn > 0 else 0.0
+
+
 @njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
 def visit(
     r, seg, nf, pool, scratch, a, E, G, X, xnorm, parts, eta_s, b, R, cert, scatter, gram_cost,
@@ -605,8 +621,7 @@ def visit(
         res_drift[r] += cert * step_res * (1.0 + (ns + 4) * _U64) * _ROUND_UP
     # a screened value errs by the residual part, δ·||dc||_1 and the rounding of both ways
     res_now = res_drift[r]
-    slack_c = delta * l1_c
-    unit = 2.0 * (ns + k + 4) * _U64
+    slack = (delta * l1_c, 2.0 * (ns + k + 4) * _U64, l1_c * xall)
     exact = np.inf
     due = 0
     for q in range(s0, end):
@@ -659,17 +674,11 @@ def visit(
             if not (fresh and in_prefix):
                 j = ej[q]
                 if k:
-                    zp = 0.0
-                    for t in range(k):
-                        zp += zc[t] * Z[j, t]
-                    guess = uref[q] - zp
-                    xn = xnorm[j]
-                    margin = res_now * gres[j] + slack_c
-                    margin += unit * (l1_c * xall * xn + abs(uref[q]) + abs(zp))
-                    margin *= _ROUND_UP
-                    side = guess - b  # the screen: on its side by more than the margin
-                    if (side > margin if fire[q] else -side > margin) and xn > 0:
-                        key[q] = drift + (abs(side) - margin) / xn
+                    gap = _screened_gap(
+                        uref[q], fire[q], zc, Z[j], xnorm[j], b, res_now * gres[j], slack
+                    )
+                    if gap > 0.0:  # on its side: not evaluated
+                        key[q] = drift + gap / xnorm[j]
                         best = min(best, key[q])
                         continue
                 evaluated += 1
