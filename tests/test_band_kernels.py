@@ -25,7 +25,10 @@ from corrtree.training._pool import (
     BETA,
     CNT,
     DRIFT,
+    MINKEY,
     NFIRE,
+    SIGMA,
+    SIGMA_UNKNOWN,
     START,
     SUPP,
 )
@@ -34,6 +37,7 @@ from corrtree.training._sparse import keys_to_csr, stepped_rows
 from corrtree.training.kernel import (
     apply_flips,
     apply_flips_by_rows,
+    own_clocks,
     principal_parts,
     visit_rows,
 )
@@ -41,10 +45,12 @@ from corrtree.training.kernel import (
 BAND = 0.4
 
 
-def _state(seed, n=30, m=60, d=6, K=2, gemm="float64", anchor="float64"):
+def _state(seed, n=30, m=60, d=6, K=2, gemm="float64", anchor="float64", unit=True):
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((n, d))
     X /= np.linalg.norm(X, axis=1, keepdims=True)
+    if not unit:
+        X *= rng.uniform(0.5, 2.0, (n, 1))
     W0 = rng.standard_normal((m, d))
     a = rng.choice([-1.0, 1.0], size=(m, K))
     b = 0.6
@@ -344,6 +350,54 @@ def test_principal_parts_bound_every_combination(n, d):
         lhs = np.linalg.norm(c @ X[S])
         res = min(rho, np.sqrt((resid[S] ** 2).sum()))
         assert lhs <= np.linalg.norm(c @ Z[S]) + res * np.linalg.norm(c) + 1e-12
+
+
+@pytest.mark.parametrize("K", [1, 3])
+def test_own_clocks_bound_each_step_and_mark_the_due(K):
+    """A neuron's own clock grows by at least its true step, ``eta_s·||Σ_S <a_r, err_l>
+    x_l||`` (and by no more than the smaller of ``σ_r·||e_S||``, where ``σ_r`` is known,
+    and ``Σ_S |e_l|·||x_l||``); a neuron that fires nowhere keeps its clock; a neuron is
+    due exactly when its clock reaches its smallest key or its band, always with an
+    infinite clock."""
+    st, rng = _state(4, n=36, m=90, d=5, K=K, unit=False)
+    pool, nf, seg = st.pool.arrays, st.nf, st.seg
+    for r in range(0, st.m, 7):  # some neurons fire nowhere
+        s0 = seg[r, START]
+        pool.fire[s0 : s0 + seg[r, SUPP]] = False
+        seg[r, NFIRE] = 0
+    fires = [
+        pool.j[seg[r, START] : seg[r, START] + seg[r, SUPP]][
+            pool.fire[seg[r, START] : seg[r, START] + seg[r, SUPP]]
+        ]
+        for r in range(st.m)
+    ]
+    sig = np.array([gershgorin_sigma(st.G, f) for f in fires])
+    known = rng.random(st.m) < 0.5
+    nf[:, SIGMA] = np.where(known, sig, SIGMA_UNKNOWN)
+    nf[:, MINKEY] = rng.uniform(0.0, 0.3, st.m)
+    nf[:, BETA] = rng.uniform(0.0, 0.5, st.m)
+    anchor_drift = rng.uniform(0.0, 0.2, st.m)
+    clock = rng.uniform(0.0, 0.2, st.m)
+    clock[5] = np.inf
+    err = 0.1 * rng.standard_normal((st.n, K))
+    eta_s, cert = 0.3, 1.5
+    before = clock.copy()
+    due = np.zeros(st.m, dtype=np.bool_)
+    own_clocks(seg, nf, pool, st.a, err, st.xnorm, eta_s, cert, st.R, anchor_drift, clock, due)
+    for r in range(st.m):
+        e = err[fires[r]] @ st.a[r]
+        true = eta_s * np.linalg.norm(e @ st.X[fires[r]])
+        bound = np.sum(np.abs(e) * st.xnorm[fires[r]])
+        if known[r]:
+            bound = min(bound, sig[r] * np.linalg.norm(e))
+        if np.isfinite(before[r]):
+            grew = clock[r] - before[r]
+            assert cert * true * (1 - 1e-12) <= grew <= cert * eta_s * bound * (1 + 1e-9) + 1e-300
+        if not len(fires[r]):
+            assert clock[r] == before[r]
+        limit = min(nf[r, MINKEY], anchor_drift[r] + nf[r, BETA] / st.R)
+        assert due[r] == (clock[r] >= limit)
+    assert due[5] and 0 < due.sum() < st.m
 
 
 @pytest.mark.parametrize(("n", "d"), [(40, 12), (10, 30), (30, 4)])  # XᵀX; G; no residual

@@ -51,6 +51,38 @@ def test_same_trajectory_as_dense(method, n, m, d, outputs, seed):
     assert_same_trajectory(hist, W, *ref)
 
 
+@pytest.mark.parametrize(
+    ("rank", "enter", "leave", "own"),
+    [
+        (32, 0.25, 0.05, None),  # the defaults: own clocks on this coherent data
+        (32, 0.0, np.inf, "half"),  # own and global clocks in turn, a switch every step
+        (32, np.inf, 0.0, "all"),  # own clocks throughout
+        (0, 0.0, 0.0, "none"),  # no leading directions: the global clock only
+    ],
+)
+def test_kernel_clocks_keep_the_trajectory(monkeypatch, rank, enter, leave, own):
+    """Which neurons the kernel trainer visits, by own clocks or the global one, and
+    switches between them, change nothing of the trajectory."""
+    from corrtree import _config
+    from corrtree.training import kernel
+
+    monkeypatch.setattr(_config, "PROJECTION_RANK", rank)
+    monkeypatch.setattr(_config, "OWN_CLOCK_ENTER", enter)
+    monkeypatch.setattr(_config, "OWN_CLOCK_LEAVE", leave)
+    calls = []
+    inner = kernel.own_clocks
+    monkeypatch.setattr(kernel, "own_clocks", lambda *a: calls.append(1) or inner(*a))
+    X, y, model0 = _problem(70, 1500, 6, 2, 8, b_scale=0.8)
+    ref = _run(model0, X, y, "dense", iters=16)
+    hist, W = _run(model0, X, y, "kernel", iters=16)
+    assert_same_trajectory(hist, W, *ref)
+    expected = {"half": 8, "all": 16, "none": 0}
+    if own is None:
+        assert len(calls) > 0
+    else:
+        assert len(calls) == expected[own]
+
+
 @pytest.mark.parametrize("method", FAST)
 @pytest.mark.parametrize(
     ("band", "anchor", "gemm"),

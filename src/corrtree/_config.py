@@ -150,6 +150,13 @@ PROJECTION_RANK = 32
 #: ... or along none when they lower the residual's norm bound by less than this factor
 #: (isotropic data: W1 and W4, where ||X||_2 is 1.10× and 1.06× the 33rd singular value).
 PROJECTION_GAIN = 1.1
+#: On data with leading directions the kernel trainer keeps each neuron's own clock
+#: (an O(fired pairs) pass an iteration) while its visits read at least this share of
+#: the fired pairs (their prefixes), and returns to the global clock's heap below
+#: :data:`OWN_CLOCK_LEAVE`: a prefix entry visited costs about 10-15 times a fired pair
+#: of the pass, and the global clock visits 1.5-2 times the neurons (W2).
+OWN_CLOCK_ENTER = 0.25
+OWN_CLOCK_LEAVE = 0.05
 #: A flip's write into the kernel trainer's H (its row and column, a cache miss each)
 #: costs about this many of the sequential additions that build H anew (W2, n = 2048:
 #: 4.1e6 writes took 0.17 s, a new H of 9.7e8 additions about 1 s).
