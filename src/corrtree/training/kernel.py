@@ -904,8 +904,7 @@ class KernelTrainer(BandTrainer):
             return
         work = int(self.store.seg[popped, SUPP].sum())
         if self._own and work < _config.OWN_CLOCK_LEAVE * self.fired:
-            every = np.arange(self.m)
-            self.heap_size = push_all(self.heap_keys, self.heap_ids, 0, every, self.store.nf)
+            self._fill_heap()
             self._own = False
         elif not self._own and work >= _config.OWN_CLOCK_ENTER * self.fired:
             self.clock.fill(np.inf)
@@ -952,9 +951,14 @@ class KernelTrainer(BandTrainer):
         self.clock[:] = st.nf[:, DRIFT]
         self.heap_keys = np.empty(self.m)
         self.heap_ids = np.empty(self.m, dtype=np.int64)
-        self.heap_size = (
-            0 if self._own else push_all(self.heap_keys, self.heap_ids, 0, every, st.nf)
-        )
+        self.heap_size = 0
+        if not self._own:
+            self._fill_heap()
+
+    def _fill_heap(self) -> None:
+        """Every neuron into the heap with its key: O(m log m)."""
+        every = np.arange(self.m)
+        self.heap_size = push_all(self.heap_keys, self.heap_ids, 0, every, self.store.nf)
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arrays, scalars = super().state()
