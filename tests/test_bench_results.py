@@ -86,3 +86,23 @@ def test_the_cost_model_picks_the_fastest_measured_method_on_the_workloads():
         model = SimpleNamespace(m=w["m"], b=default_threshold(w["m"]), outputs=Y.shape[1])
         chosen, costs = choose_method(X, X @ X.T, model, w["iters"])
         assert chosen == results[name]["fastest"], (name, costs)
+
+
+def test_warm_kernels_loads_what_a_long_run_uses():
+    """The kernel trainer's heap (a coherent run reaches it only once few neurons are
+    due) and its flips by rows (many flips at once) are loaded before a timed run, in a
+    fresh process, where nothing else loaded them."""
+    import subprocess
+    import sys
+
+    code = (
+        "import corrtree\n"
+        "from corrtree.bench._util import warm_kernels\n"
+        "from corrtree.training import _heap, kernel\n"
+        "warm_kernels('kernel')\n"
+        "for f in (_heap.push_all, _heap.pop_due, kernel._flip_sets, kernel._add_symmetric):\n"
+        "    print(f.__name__, len(f.signatures))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = dict(line.split() for line in out.stdout.splitlines())
+    assert loaded == {"push_all": "1", "pop_due": "1", "_flip_sets": "1", "_add_symmetric": "1"}

@@ -215,14 +215,25 @@ def loglog_plot(
 
 def warm_kernels(method: str, outputs: int = 1, **options: Any) -> None:
     """Load the method's compiled kernels, so that a timed run that follows does not
-    include it: two iterations on a tiny problem."""
+    include it: a few iterations on a tiny problem with leading directions and on a
+    small isotropic one (the kernel trainer's global clock and its flips by rows)."""
     from ..datasets import sphere
     from ..model import TwoLayerReLU
     from ..training import train
 
+    for n, d, m in ((8, 4, 64), (64, 256, 4096)):
+        small = sphere(n=n, d=d, outputs=outputs, seed=1)
+        model = TwoLayerReLU.init(d=d, m=m, outputs=outputs)
+        train(model, small.X_train, small.y_train, method=method, iters=3, **options)
     tiny = sphere(n=8, d=4, outputs=outputs, seed=1)
     model = TwoLayerReLU.init(d=4, m=64, outputs=outputs)
-    train(model, tiny.X_train, tiny.y_train, method=method, iters=2, **options)
+    # the kernel trainer's heap, which a short run of coherent data does not reach
+    from ..training import _heap
+    from ..training._pool import SIGMA
+
+    keys, ids = np.empty(2), np.empty(2, dtype=np.int64)
+    size = _heap.push_all(keys, ids, 0, np.arange(2), np.zeros((2, SIGMA + 1)))
+    _heap.pop_due(keys, ids, size, 0.0)
     # lr="auto" beyond the formed-matrix limit: the sparse NTK mat-vec, both ways, and
     # the warm start's Ritz matrix
     from ..training import _ntk
@@ -235,3 +246,4 @@ def warm_kernels(method: str, outputs: int = 1, **options: Any) -> None:
     _ntk._ntk_matvec_data(*fire, *f32, _ntk._work_bounds(fire[0], 2), float(model.m))
     _ntk.ntk_matvec(*fire, X @ X.T, a)(v.ravel())
     _ntk.NTKOperator(*fire, X @ X.T, np.array(a), X).ritz(v[:, 0])
+    _ntk._fire_set_norms(*fire, X, np.ones(X.shape[0]), np.array([0, model.m]))

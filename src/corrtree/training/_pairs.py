@@ -556,16 +556,16 @@ def materialize(out, rows, X, seg, pool, a, E, eta_s):
             q += 1
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def firing_csr(seg, pool, n):
-    """r-major CSR of the current fire sets, indices sorted."""
+    """r-major CSR of the current fire sets, indices sorted; the neurons in parallel."""
     ej, fire = pool.j, pool.fire
     m = seg.shape[0]
     indptr = np.zeros(m + 1, dtype=np.int64)
     for r in range(m):
         indptr[r + 1] = indptr[r] + seg[r, NFIRE]
     idx = np.empty(indptr[m], dtype=np.int64)
-    for r in range(m):
+    for r in prange(m):
         pos = indptr[r]
         s0 = seg[r, START]
         for q in range(s0, s0 + seg[r, CNT]):
