@@ -134,6 +134,13 @@ def test_anchors_hold_the_band_and_exact_values(gemm, anchor, exponent, monkeypa
         assert sorted(j[:supp]) == sorted(np.flatnonzero(U[r] >= st.b))
         assert pool.fire[s0 : s0 + supp].all() and not pool.fire[s0 + supp : s0 + cnt].any()
         assert st.seg[r, NFIRE] == supp
+        # no coefficient yet; each part in increasing order of j, unless the float64
+        # values moved a pair across b (reorder_after_exact swaps it)
+        assert gemm == "float32" or (
+            (np.diff(j[:supp]) > 0).all() and (np.diff(j[supp:]) > 0).all()
+        )
+        for name in ("kappa", "cref", "clast"):
+            assert not getattr(pool, name)[s0 : s0 + cnt].any()
 
 
 def test_eval_ever_gives_current_products_and_distance():

@@ -38,6 +38,7 @@ __all__ = [
 
 _FLOAT32_MARGIN = _config.FLOAT32_QUERY_MARGIN
 _DOT_ROWS = _config.DOT_ROWS
+_CHUNKS = _config.EVALUATE_CHUNKS
 
 
 @njit(cache=True)
@@ -127,36 +128,51 @@ def fill_new_anchors(U, rows, tau, leaf_err, seg, pool, b):
 
     ``U[k]`` is the anchored row of ``rows[k]``, erring by at most
     ``leaf_err[k]``; segments must already be placed with enough capacity.
-    Firing pairs come first: they form the ever-fired prefix.
+    Firing pairs come first: they form the ever-fired prefix.  One pass over a row
+    without branches: each ``j`` is written to a firing and a band list and kept in
+    the one it belongs to (W4's set-up blocks, 4% kept: 0.035 s against 0.06 s testing).
+    The rows in at most :data:`~corrtree._config.EVALUATE_CHUNKS` parallel runs, each
+    with O(n) scratch.  O(n + |entries|) a neuron.
     """
     # numba does not write through a namedtuple's fields inside prange: bind them first
     ej, uref, val, key, kappa, cref, fire, clast, vel = pool
     n = U.shape[1]
-    for k in prange(rows.shape[0]):
-        r = rows[k]
-        thr = query_threshold(tau[k], leaf_err[k])  # below b: tau = b - β
-        s0 = seg[r, START]
-        pos = report_above(U[k], b, ej, s0)
-        nfire = pos - s0
-        for j in range(n):
-            if thr <= U[k, j] < b:
-                ej[pos] = j
-                pos += 1
-        cnt = pos - s0
-        for q in range(s0, pos):
-            v = U[k, ej[q]]
-            uref[q] = v
-            val[q] = v
-            key[q] = 0.0
-            kappa[q] = 0.0
-            cref[q] = 0.0
-            clast[q] = 0.0
+    nr = rows.shape[0]
+    runs = min(nr, _CHUNKS)
+    for c in prange(runs):
+        above = np.empty(n, dtype=ej.dtype)
+        band = np.empty(n, dtype=ej.dtype)
+        for k in range(c * nr // runs, (c + 1) * nr // runs):
+            r = rows[k]
+            thr = query_threshold(tau[k], leaf_err[k])  # below b: tau = b - β
+            nfire = 0
+            nband = 0
+            for j in range(n):
+                v = U[k, j]
+                above[nfire] = j
+                band[nband] = j
+                up = v >= b
+                nfire += up
+                nband += (v >= thr) & (not up)
+            s0 = seg[r, START]
+            mid = s0 + nfire
+            end = mid + nband
+            ej[s0:mid] = above[:nfire]
+            ej[mid:end] = band[:nband]
+            for q in range(s0, end):
+                v = U[k, ej[q]]
+                uref[q] = v
+                val[q] = v
+                fire[q] = q < mid
+            key[s0:end] = 0.0
+            kappa[s0:end] = 0.0
+            cref[s0:end] = 0.0
+            clast[s0:end] = 0.0
             if vel.shape[0]:
-                vel[q] = 0.0
-            fire[q] = v >= b
-        seg[r, CNT] = cnt
-        seg[r, SUPP] = nfire
-        seg[r, NFIRE] = nfire
+                vel[s0:end] = 0.0
+            seg[r, CNT] = end - s0
+            seg[r, SUPP] = nfire
+            seg[r, NFIRE] = nfire
 
 
 @njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
