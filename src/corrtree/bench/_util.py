@@ -215,18 +215,18 @@ def loglog_plot(
 
 def warm_kernels(method: str, outputs: int = 1, **options: Any) -> None:
     """Load the method's compiled kernels, so that a timed run that follows does not
-    include it: a few iterations on a tiny problem with leading directions and on a
-    small isotropic one (the kernel trainer's global clock and its flips by rows)."""
+    include it: a few iterations on a tiny problem and on a small one with many flips
+    at once (the kernel trainer's flips by rows)."""
     from ..datasets import sphere
     from ..model import TwoLayerReLU
     from ..training import train
 
-    for n, d, m in ((8, 4, 64), (64, 256, 4096)):
-        small = sphere(n=n, d=d, outputs=outputs, seed=1)
-        model = TwoLayerReLU.init(d=d, m=m, outputs=outputs)
-        train(model, small.X_train, small.y_train, method=method, iters=3, **options)
+    small = sphere(n=64, d=256, outputs=outputs, seed=1)
+    wide = TwoLayerReLU.init(d=256, m=4096, outputs=outputs)
+    train(wide, small.X_train, small.y_train, method=method, iters=3, **options)
     tiny = sphere(n=8, d=4, outputs=outputs, seed=1)
     model = TwoLayerReLU.init(d=4, m=64, outputs=outputs)
+    train(model, tiny.X_train, tiny.y_train, method=method, iters=3, **options)
     # the kernel trainer's heap, which a short run of coherent data does not reach
     from ..training import _heap
     from ..training._pool import SIGMA
