@@ -235,6 +235,22 @@ def test_gram_sum_is_the_gram_weighted_sum():
         assert _pairs.gram_sum(G, 3, ej, dc, 0, ns) == pytest.approx(want, abs=1e-12)
 
 
+def test_gram_block_is_the_gram_weighted_sum_of_each_point():
+    """Every prefix length (the passes of four rows and the rest), a prefix that starts
+    inside the pool, and a G that is not symmetric: row ``ej[p]``, column ``js[t]``."""
+    rng = np.random.default_rng(3)
+    G = rng.standard_normal((12, 12))
+    ej = rng.integers(0, 12, 13).astype(np.int32)
+    dc = rng.standard_normal(10)
+    js = rng.integers(0, 12, 6)
+    for ns in range(11):
+        acc = np.full(8, np.nan)  # stale values: only the first count are written
+        _pairs.gram_block(G, ej, dc, 3, ns, js, 5, acc)
+        want = G[ej[3 : 3 + ns]][:, js[:5]].T @ dc[:ns]
+        np.testing.assert_allclose(acc[:5], want, rtol=1e-13, atol=1e-13)
+        assert np.isnan(acc[5:]).all()
+
+
 def test_sigma_is_a_gershgorin_bound_of_the_fire_set():
     st, _ = _state(3)
     pool = st.pool.arrays

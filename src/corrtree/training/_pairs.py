@@ -39,6 +39,7 @@ __all__ = [
     "flip",
     "form_move",
     "forward",
+    "gram_block",
     "gram_sum",
     "materialize",
     "needs_reanchor",
@@ -93,6 +94,30 @@ def gram_sum(G, j, ej, dc, s0, ns):
         a0 += dc[p] * G[j, ej[s0 + p]]
         p += 1
     return (a0 + a1) + (a2 + a3)
+
+
+@njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
+def gram_block(G, ej, dc, s0, ns, js, count, acc):
+    """``acc[t] = Σ_{p<ns} dc[p] · G[ej[s0+p], js[t]]`` for ``t < count``: the values of
+    many pairs of one neuron at once, each of its prefix rows of G read once at the
+    points ``js`` in a pass of four rows, where :func:`gram_sum` gathers ``ns``
+    scattered reads a pair (W4's due pairs: 1.4-1.5× faster).  O(ns·count)."""
+    acc[:count] = 0.0
+    p = 0
+    while p + 4 <= ns:
+        q = s0 + p
+        c0, c1, c2, c3 = dc[p], dc[p + 1], dc[p + 2], dc[p + 3]
+        g0, g1, g2, g3 = G[ej[q]], G[ej[q + 1]], G[ej[q + 2]], G[ej[q + 3]]
+        for t in range(count):
+            j = js[t]
+            acc[t] += (c0 * g0[j] + c1 * g1[j]) + (c2 * g2[j] + c3 * g3[j])
+        p += 4
+    while p < ns:
+        c0 = dc[p]
+        g0 = G[ej[s0 + p]]
+        for t in range(count):
+            acc[t] += c0 * g0[js[t]]
+        p += 1
 
 
 @njit(cache=True)

@@ -55,7 +55,7 @@ from ._pairs import (
     eval_ever_data,
     flip,
     form_move,
-    gram_sum,
+    gram_block,
     needs_reanchor,
     safe_norm,
     sigma,
@@ -565,8 +565,8 @@ def _screened_gap(uref, fire, zc, z, xn, b, residual, slack):
 
 @njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
 def visit(
-    r, seg, nf, pool, scratch, a, E, G, X, xnorm, parts, eta_s, b, R, cert, scatter, gram_cost,
-    dw, dws, zw, zc, anchor_drift, res_drift, full, ahead, f_j, f_v, f_on, fpos,
+    r, seg, nf, pool, scratch, due_at, a, E, G, X, xnorm, parts, eta_s, b, R, cert, scatter,
+    gram_cost, dw, dws, zw, zc, anchor_drift, res_drift, full, ahead, f_j, f_v, f_on, fpos,
 ):  # fmt: skip
     """Bring neuron ``r``, whose key has passed, to the current time (kernel trainer).
 
@@ -583,8 +583,9 @@ def visit(
     incoherent data, while nearly every pair is due, it is several times smaller). Every
     entry, firing or not, keeps a key ``D + |v - b|/||x_j||`` from its last evaluation at
     drift ``D`` with value ``v``: only the entries whose key ``D_r`` reached are evaluated,
-    by the Gram identity ``uref - Σ_l dc_l G[l, j]`` (``dc = C - cref``, |prefix| reads) or,
-    when ``gram_cost`` reads a value cost more, from the move ``Σ_l dc_l x_l`` formed once.
+    by the Gram identity ``uref - Σ_l dc_l G[l, j]`` (``dc = C - cref``, |prefix| reads; all
+    of them in one pass over the prefix's rows of G, :func:`~._pairs.gram_block`) or, when
+    ``gram_cost`` reads a value cost more, from the move ``Σ_l dc_l x_l`` formed once.
     With principal directions, a due entry is first screened in O(k): its value is
     ``uref - <Σ_l dc_l z_l, z_j>`` within ``res_drift[r]·g_j`` (:func:`principal_parts`;
     ``res_drift`` sums the bounds on the residual part of each step since the anchor,
@@ -720,33 +721,43 @@ def visit(
         again = needs_reanchor(r, nf, since + ahead * exact, R)
     else:
         data = due * ns * gram_cost > (ns + due) * d
-    formed = fresh and data  # the move since the anchor in dw
     best = np.inf
     stop = s0 if skip else s0 + ns if again else end  # re-anchoring recomputes the others
     if not (fresh or due):  # nothing to evaluate: the keys, and their minimum, stand
         stop = s0
         best = nf[r, MINKEY]
+    # the due values (the ever-fired ones of a fresh visit are current): screened
+    # first, the rest computed together, before any flip moves an entry
+    count = 0
+    for q in range(s0 + ns if fresh else s0, stop):
+        if key[q] <= drift:
+            j = ej[q]
+            if k:
+                gap = _screened_gap(
+                    uref[q], fire[q], zc, Z[j], xnorm[j], b, res_now * gres[j], slack
+                )
+                later = drift + gap / xnorm[j]
+                if gap > 0.0 and later > drift:  # on its side: not evaluated, not due
+                    key[q] = later
+                    continue
+            due_at[0, count] = q
+            due_at[1, count] = j
+            count += 1
+    if count:
+        evaluated += count
+        values = scratch[2]
+        if data:
+            if not fresh:  # a fresh visit formed the move since the anchor in dw
+                form_move(dw, X, ej, dc, s0, s0 + ns)
+            for t in range(count):
+                values[t] = data_dot(X, due_at[1, t], dw)
+        else:
+            gram_block(G, ej, dc, s0, ns, due_at[1], count, values)
+        for t in range(count):
+            q = due_at[0, t]
+            val[q] = uref[q] - values[t]
     for q in range(s0, stop):  # increasing order: a pair turned on moves below q (flip)
-        in_prefix = q < s0 + ns
-        if (fresh and in_prefix) or key[q] <= drift:
-            if not (fresh and in_prefix):
-                j = ej[q]
-                if k:
-                    gap = _screened_gap(
-                        uref[q], fire[q], zc, Z[j], xnorm[j], b, res_now * gres[j], slack
-                    )
-                    if gap > 0.0:  # on its side: not evaluated
-                        key[q] = drift + gap / xnorm[j]
-                        best = min(best, key[q])
-                        continue
-                evaluated += 1
-                if data:
-                    if not formed:
-                        form_move(dw, X, ej, dc, s0, s0 + ns)
-                        formed = True
-                    val[q] = uref[q] - data_dot(X, j, dw)
-                else:
-                    val[q] = uref[q] - gram_sum(G, j, ej, dc, s0, ns)
+        if (fresh and q < s0 + ns) or key[q] <= drift:
             v = val[q]
             now = v >= b
             pos = q
@@ -781,12 +792,13 @@ def _visit_range(
     dws = np.empty(X.shape[1])
     zw = np.empty(parts[0].shape[1])
     zc = np.empty(parts[0].shape[1])
-    scratch = np.empty((2, G.shape[0]))
+    scratch = np.empty((3, G.shape[0]))
+    due_at = np.empty((2, G.shape[0]), dtype=np.int64)  # the due entries, their points
     for k in range(lo, hi):
         r = rows[k]
         start = fbuf[k] if record else 0
         pos, nevals[k], again[k] = visit(
-            r, seg, nf, pool, scratch, a, E, G, X, xnorm, parts, eta_s, b, R, cert,
+            r, seg, nf, pool, scratch, due_at, a, E, G, X, xnorm, parts, eta_s, b, R, cert,
             scatter, gram_cost, dw, dws, zw, zc, anchor_drift, res_drift, full, ahead, f_j, f_v,
             f_on, start,
         )  # fmt: skip
