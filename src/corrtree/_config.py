@@ -37,8 +37,12 @@ GEMM32_SAFETY = 2.0
 
 #: Products computed at once while preprocessing the band trainers.
 ANCHOR_BLOCK_BYTES = 128 * 2**20
-#: Exact rows recomputed at once when neurons are re-anchored.
-REANCHOR_BLOCK_BYTES = 16 * 2**20
+#: Exact rows recomputed at once when neurons are re-anchored.  Few large blocks: each
+#: block's GEMM is followed by numba scans, and OpenBLAS's threads spin ~0.1 s after a
+#: call unless ``OPENBLAS_THREAD_TIMEOUT`` was set before numpy loaded (``_threads``),
+#: taking a core from those scans (W4's data, m = 2^16, every neuron: 11.6 s in blocks
+#: of 16 MiB, 5.3 s in blocks of 128 MiB; 5.8-6.2 and 5.1-5.5 s with the short spin).
+REANCHOR_BLOCK_BYTES = 128 * 2**20
 #: A float64 GEMM does about this many flops in the time a kernel streams one
 #: element of a row of G: a re-anchored row is ``W(t)[r]·Xᵀ`` (2dn/this, after
 #: O(d·|prefix|) to form ``w_r(t)``) unless its float64 anchored row plus the Gram
