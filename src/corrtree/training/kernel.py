@@ -736,9 +736,8 @@ def visit(
                 gap = _screened_gap(
                     uref[q], fire[q], zc, Z[j], xnorm[j], b, res_now * gres[j], slack
                 )
-                later = drift + gap / xnorm[j]
-                if gap > 0.0 and later > drift:  # on its side: not evaluated, not due
-                    key[q] = later
+                if gap > 0.0 and drift + gap / xnorm[j] > drift:  # on its side: not due
+                    key[q] = drift + gap / xnorm[j]
                     continue
             due_at[0, count] = q
             due_at[1, count] = j
