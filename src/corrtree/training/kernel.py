@@ -736,9 +736,11 @@ def visit(
                 gap = _screened_gap(
                     uref[q], fire[q], zc, Z[j], xnorm[j], b, res_now * gres[j], slack
                 )
-                if gap > 0.0 and drift + gap / xnorm[j] > drift:  # on its side: not due
-                    key[q] = drift + gap / xnorm[j]
-                    continue
+                if gap > 0.0:  # on its side, unless rounding keeps it due
+                    later = drift + gap / xnorm[j]
+                    if later > drift:
+                        key[q] = later
+                        continue
             due_at[0, count] = q
             due_at[1, count] = j
             count += 1
