@@ -235,6 +235,33 @@ def test_gram_sum_is_the_gram_weighted_sum():
         assert _pairs.gram_sum(G, 3, ej, dc, 0, ns) == pytest.approx(want, abs=1e-12)
 
 
+def test_move_norm_bounds_the_norm_of_the_formed_move():
+    """From the move formed in floating point, a bound on the exact ``||Σ dc_l x_l||``
+    within rounding of it: for random moves, and for moves that nearly cancel (the same
+    point twice, coefficients ``c`` and ``-c(1 + δ)``: the exact norm is ``|c + c'|·||x||``,
+    with ``c + c'`` exact, and the formed one errs by far more than it)."""
+    rng = np.random.default_rng(8)
+    X = rng.standard_normal((30, 17))
+    xmax = np.linalg.norm(X, axis=1).max()
+    dw = np.empty(17)
+    for ns in (0, 1, 5, 30):
+        ej = rng.permutation(30)[:ns].astype(np.int32)
+        dc = rng.standard_normal(ns)
+        _pairs.form_move(dw, X, ej, dc, 0, ns)
+        true = float(np.linalg.norm(dc @ X[ej])) if ns else 0.0
+        bound = _pairs.move_norm(dw, float(np.abs(dc).sum()), xmax, ns)
+        assert true * (1 - 1e-12) <= bound <= true * (1 + 1e-9) + 1e-12
+    ej = np.array([3, 3], dtype=np.int32)
+    for _ in range(200):
+        c = rng.uniform(1.0, 2.0) * 1e6
+        dc = np.array([c, -c * (1.0 + 1e-13 * rng.uniform(0.5, 1.0))])
+        _pairs.form_move(dw, X, ej, dc, 0, 2)
+        true = abs(dc[0] + dc[1]) * float(np.linalg.norm(X[3]))
+        l1 = float(np.abs(dc).sum())
+        bound = _pairs.move_norm(dw, l1, xmax, 2)
+        assert true <= bound <= true + 1e-6 * l1 * xmax
+
+
 def test_gram_block_is_the_gram_weighted_sum_of_each_point():
     """Every prefix length (the passes of four rows and the rest), a prefix that starts
     inside the pool, and a G that is not symmetric: row ``ej[p]``, column ``js[t]``."""
@@ -288,7 +315,7 @@ def test_evaluate_neuron_flips_exactly_the_crossed_pairs(scatter):
     assert total > 0  # the coefficients moved some pairs across b
 
 
-def _visit(st, rows, eta_s, parts, anchor_drift, res_drift, full, gram_cost):
+def _visit(st, rows, eta_s, parts, anchor_drift, res_drift, full, gram_cost, scatter):
     """:func:`visit_rows` on ``rows`` with flip records; ``R = 1``, ``P = 0``."""
     n = rows.shape[0]
     fbuf = np.zeros(n + 1, dtype=np.int64)
@@ -299,16 +326,19 @@ def _visit(st, rows, eta_s, parts, anchor_drift, res_drift, full, gram_cost):
     again = np.zeros(n, dtype=np.bool_)
     visit_rows(
         rows, st.seg, st.nf, st.pool.arrays, st.a, st.E, st.G, st.X, st.xnorm, parts, eta_s,
-        st.b, 1.0, 1.0, 0.0, gram_cost, anchor_drift, res_drift, full, 0.0, 0.0, 0.4, fbuf, f_j,
+        st.b, 1.0, 1.0, scatter, gram_cost, anchor_drift, res_drift, full, 0.0, 0.0, 0.4, fbuf, f_j,
         f_v, f_on, nflips, nevals, again,
     )  # fmt: skip
     return nflips, nevals, again
 
 
 @pytest.mark.parametrize("gram_cost", [0.0, 1e9])  # due values from G, or from the data
+# the ever-fired values and exact steps from G, or from the data (a visit whose values are
+# mostly due then forms its move and evaluates the due ones only, while they cost less)
+@pytest.mark.parametrize("scatter", [0.0, 1e9])
 # the move bound's principal part: partial, exact, none (every direction within the gain)
 @pytest.mark.parametrize(("rank", "gain"), [(1, 1.0), (6, 1.0), (3, 1e9)])
-def test_visit_finds_every_crossing_and_evaluates_fewer(gram_cost, rank, gain):
+def test_visit_finds_every_crossing_and_evaluates_fewer(gram_cost, scatter, rank, gain):
     """After each small step, a visit leaves every tracked pair's fire flag equal to the
     brute-force ``U >= b``, with exact values where it evaluated, a drift that grew by
     at least the neuron's true move, and fewer values computed than there are entries:
@@ -321,7 +351,7 @@ def test_visit_finds_every_crossing_and_evaluates_fewer(gram_cost, rank, gain):
     anchor_drift, res_drift = np.zeros(st.m), np.zeros(st.m)
     parts = principal_parts(st.X, st.G, rank, gain)
     assert parts[0].shape[1] == (0 if gain > 1 else rank)
-    _visit(st, rows, eta_s, parts, anchor_drift, res_drift, True, gram_cost)  # all values current
+    _visit(st, rows, eta_s, parts, anchor_drift, res_drift, True, gram_cost, scatter)  # all current
     flips = evaluated = 0
     for _ in range(12):
         C0 = coefficients(st.seg, pool, st.a, st.E, eta_s, st.m, st.n)
@@ -331,7 +361,7 @@ def test_visit_finds_every_crossing_and_evaluates_fewer(gram_cost, rank, gain):
         U = products(st.X, st.W0 - C @ st.X)
         drift0 = st.nf[:, DRIFT].copy()
         before = {(r, j): v for r in rows for j, v in _values(st, r)}
-        step = _visit(st, rows, eta_s, parts, anchor_drift, res_drift, False, gram_cost)
+        step = _visit(st, rows, eta_s, parts, anchor_drift, res_drift, False, gram_cost, scatter)
         nflips, nevals, again = step
         assert not again.any()
         assert (st.nf[:, DRIFT] - drift0 >= true * (1 - 1e-9)).all()

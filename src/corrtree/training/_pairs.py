@@ -42,6 +42,7 @@ __all__ = [
     "gram_block",
     "gram_sum",
     "materialize",
+    "move_norm",
     "needs_reanchor",
     "prefetch_block",
     "refresh_keys",
@@ -311,18 +312,27 @@ def eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw, formed):
     while q < end:
         sq_s, mag = _new_value(q, q - s0, data_dot(X, ej[q], dw), uref, val, dl, sq_s, mag)
         q += 1
-    # ‖dw‖: |‖dw‖² - ‖computed dw‖²| <= (2γ_|P| + γ_d)·(Σ|dc|)²·max‖x‖², γ_k ≈ k·2⁻⁵³.
     # ‖dws‖²: a value of either evaluation is within (γ_|P| + γ_d)·(its Σ|dc|)·max‖x‖²
     # (+ u·|value| + γ_|P|·|uref| when summed from G) of exact arithmetic on the
     # stored coefficients; the differences and their sum add u·|diff|, γ_|P|·|dl·diff|.
     # Times |dl_l| and summed: 8(|P| + d + 2)·2⁻⁵³·mag covers all of it.
     unit = 4.0 * (end - s0 + d) * _U64
-    sq_a = 0.0
-    for t in range(d):
-        sq_a += dw[t] * dw[t]
     mag += l1_s * xmax * xmax * (l1_a + l1_o)
     step = math.sqrt(max(sq_s + 2.0 * (unit + 8.0 * _U64) * mag, 0.0)) * _ROUND_UP
-    return math.sqrt(sq_a + unit * xmax * xmax * l1_a * l1_a) * _ROUND_UP, step
+    return move_norm(dw, l1_a, xmax, end - s0), step
+
+
+@njit(cache=True, inline="always")
+def move_norm(dw, l1, xmax, count):
+    """A bound on ``||Σ_l dc_l x_l||`` from ``dw``, that sum formed in floating point
+    (:func:`form_move`) over ``count`` points of norm at most ``xmax`` with ``Σ|dc_l| =
+    l1``: ``|‖dw‖² - ‖computed dw‖²| <= (2γ_count + γ_d)·l1²·xmax²``, ``γ_k ≈ k·2⁻⁵³``.
+    O(d)."""
+    sq = 0.0
+    for t in range(dw.shape[0]):
+        sq += dw[t] * dw[t]
+    unit = 4.0 * (count + dw.shape[0]) * _U64
+    return math.sqrt(sq + unit * xmax * xmax * l1 * l1) * _ROUND_UP
 
 
 @njit(cache=True)  # not inline="always": numba's IR inlining of it gave wrong values
