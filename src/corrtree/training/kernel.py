@@ -716,28 +716,28 @@ def visit(
     ever = False  # whether every ever-fired value is current
     if skip:  # its step is its distance from the anchor: re-anchored, no values needed
         again = True
-    elif fresh and data and not full and due * min(d, gram_cost * ns) < ns * d:
-        # the exact distance from the anchor, formed, and the due values only: cheaper
-        # than every ever-fired value by the data (W4: 2·|prefix| against 784 a value)
-        if unvisited:  # the move since the anchor is the step, just formed in dws
+    elif fresh:  # the exact distance from the anchor
+        # from the data, the move formed and the due values only, while cheaper than
+        # every ever-fired value (W4: 2·|prefix| against 784 a value)
+        lite = data and not full and due * min(d, gram_cost * ns) < ns * d
+        if data and unvisited:  # the move since the anchor is the step, just formed in dws
             dw[:] = dws
-        else:
-            form_move(dw, X, ej, dc, s0, s0 + ns)
-        since = move_norm(dw, l1_c, xall, ns)
-        anchor_drift[r] = drift - cert * since
-        again = skip = needs_reanchor(r, nf, since + ahead * exact, R)
-        data = ns * gram_cost > d  # the due values: from the move, or from G
-    elif fresh:  # every ever-fired value, and the exact distance from the anchor
-        if data:
-            if unvisited:
-                dw[:] = dws
+        if lite:
+            if not unvisited:
+                form_move(dw, X, ej, dc, s0, s0 + ns)
+            since = move_norm(dw, l1_c, xall, ns)
+        elif data:
             since, _ = eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw, unvisited)
         else:
             since, _ = eval_ever(r, seg, pool, scratch, a, E, G, eta_s, False)
-        evaluated = ns
-        ever = True
+        ever = not lite
+        if ever:
+            evaluated = ns
         anchor_drift[r] = drift - cert * since
         again = needs_reanchor(r, nf, since + ahead * exact, R)
+        if lite:
+            skip = again  # the re-anchoring recomputes every value
+            data = ns * gram_cost > d  # the due values: from the move, or from G
     else:
         data = due * ns * gram_cost > (ns + due) * d
     best = np.inf
