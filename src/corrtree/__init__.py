@@ -1,6 +1,7 @@
 """corrtree: exact sublinear-time training of two-layer ReLU networks with correlation trees."""
 
 from ._threads import quiet_openblas as _quiet_openblas
+from ._version import __version__
 
 _quiet_openblas()  # before numpy is imported
 
@@ -12,12 +13,12 @@ from .training import (  # noqa: E402
     CheckpointError,
     History,
     TrainingDiverged,
+    Warmup,
     resume,
     train,
+    warmup,
 )
 from .trees import CorrelationDTree, CorrelationWTree  # noqa: E402
-
-__version__ = "0.1.0"
 
 __all__ = [
     "METHODS",
@@ -29,10 +30,12 @@ __all__ = [
     "TooManyFiring",
     "TrainingDiverged",
     "TwoLayerReLU",
+    "Warmup",
     "__version__",
     "datasets",
     "default_threshold",
     "resume",
     "theory",
     "train",
+    "warmup",
 ]

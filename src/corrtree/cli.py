@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
+import logging
 import signal
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -18,170 +17,17 @@ from typing import Any
 import numpy as np
 
 from . import __version__, _config, datasets, theory
+from ._cli_data import CliError, accuracy_of, load_data
+from ._cli_parser import BUILTIN_DATA, build_parser
 from ._io import atomic_write_json, atomic_write_text
+from ._progress import Progress
 from .distributed import WorkerLost
 from .model import TwoLayerReLU
-from .preprocessing import InputTransform, load_transform
-from .training import METHODS, CheckpointError, History, TrainingDiverged, resume, train
-from .training.optim import SCHEDULES
+from .preprocessing import load_transform
+from .training import CheckpointError, History, TrainingDiverged, resume, train, warmup
 
-BUILTIN_DATA = ("digits", "breast_cancer", "sphere")
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
-
-
-class CliError(Exception):
-    """A user-facing error: printed as one line, exit status 1."""
-
-
-# ---------------------------------------------------------------------------
-# data
-# ---------------------------------------------------------------------------
-
-
-def load_data(
-    spec: str,
-    seed: int,
-    test_size: float,
-    normalize: bool,
-    task: str = "auto",
-    header: bool | None = None,
-    standardize: bool = True,
-) -> datasets.Dataset:
-    """A built-in data set by name, or the user's ``.npz``/``.csv`` file.
-
-    A file's features are standardized with the training split's statistics
-    (``standardize``) and its rows scaled to unit norm (``normalize``): the
-    :class:`~corrtree.preprocessing.InputTransform` kept in the dataset.
-    """
-    if spec == "digits":
-        return datasets.digits(test_size=test_size, seed=seed, standardize=standardize)
-    if spec == "breast_cancer":
-        return datasets.breast_cancer(test_size=test_size, seed=seed)
-    if spec == "sphere":
-        return datasets.sphere(n=1024, d=784, n_test=256, seed=seed)
-    X, y = datasets.load_file(spec, header)
-    y, task, classes = _targets(y, task)
-    n = X.shape[0]
-    n_test = round(test_size * n) if n > 1 else 0
-    perm = np.random.default_rng(seed).permutation(n)
-    te, tr = perm[:n_test], perm[n_test:]
-    transform = InputTransform.fit(X[tr], standardize=standardize, unit_rows=normalize)
-    X = transform(X)
-    return datasets.Dataset(Path(spec).name, X[tr], y[tr], X[te], y[te], task, classes, transform)
-
-
-def _targets(y: np.ndarray, task: str) -> tuple[np.ndarray, str, np.ndarray | None]:
-    """Targets for the network: regression values, ±1 (two classes) or one-hot.
-
-    Class labels (numbers or names) are mapped to classes as scikit-learn
-    does: sorted, the larger of two is +1.
-    """
-    names = y.dtype.kind in "US"
-    if y.ndim == 2:
-        if task == "classification" or names:
-            raise CliError(
-                f"--task classification needs one label column, but y has shape "
-                f"{y.shape}; use --task regression for several targets"
-            )
-        return y, "regression", None
-    if names and task == "regression":
-        raise CliError("the labels are not numbers; use --task classification or auto")
-    if task == "regression":
-        return y, "regression", None
-    classes = np.unique(y)
-    integral = names or np.array_equal(y, np.round(y))
-    if task == "auto" and not (integral and 2 <= len(classes) <= 20):
-        if names:
-            raise CliError(
-                f"the labels are {len(classes)} class names; auto takes 2 to 20 "
-                "classes (use --task classification)"
-            )
-        return y, "regression", None
-    if len(classes) < 2:
-        raise CliError("classification needs at least two distinct labels")
-    if len(classes) == 2:
-        return np.where(y == classes[1], 1.0, -1.0), "binary", classes
-    return (y[:, None] == classes[None, :]).astype(np.float64), "multiclass", classes
-
-
-def _accuracy(
-    ds: datasets.Dataset, X: np.ndarray, y: np.ndarray, model: TwoLayerReLU
-) -> float | None:
-    if ds.task == "regression" or len(y) == 0:
-        return None
-    return datasets.accuracy(y, model.predict(X))
-
-
-# ---------------------------------------------------------------------------
-# progress
-# ---------------------------------------------------------------------------
-
-
-def _short(count: float) -> str:
-    """A count or rate in at most 5 characters: 7.5, 999, 12.3k, 4.56M."""
-    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if count >= size:
-            return f"{count / size:.3g}{unit}"
-    return f"{count:.3g}" if count < 100 else f"{count:.0f}"
-
-
-def progress_bar(console=None):
-    """A rich progress bar that fits the terminal: the bar takes what the label,
-    ``done/total``, the statistics and the time left leave."""
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
-    from rich.progress import Progress as RichProgress
-
-    return RichProgress(
-        TextColumn("{task.description}"),
-        BarColumn(bar_width=None),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[stats]}"),
-        TimeRemainingColumn(compact=True),
-        console=console,
-        expand=True,
-        transient=False,
-    )
-
-
-class Progress:
-    """A live progress bar (rich) showing loss, fired pairs and iterations/s."""
-
-    def __init__(self, total: int, label: str, quiet: bool = False, console=None) -> None:
-        self.total, self.label, self.quiet, self.console = total, label, quiet, console
-        self._bar = None
-        self._t0 = time.perf_counter()
-
-    def __enter__(self) -> Progress:
-        if not self.quiet:
-            try:
-                self._bar = progress_bar(self.console)
-            except ImportError:  # pragma: no cover - rich is in the cli extra
-                return self
-            self._bar.start()
-            self._task = self._bar.add_task(self.label, total=self.total, stats="")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-    def __call__(self, t: int, hist: History) -> None:
-        rate = (t + 1) / max(time.perf_counter() - self._t0, 1e-9)
-        parts = [
-            f"loss {hist.loss[-1]:.3e}",
-            f"fired {_short(hist.fired_pairs[-1])}",
-            f"{_short(rate)} it/s",
-        ]
-        rss = hist.info.get("worker_peak_rss")
-        if rss:  # sharded: the largest worker's peak memory
-            parts.insert(2, f"mem {_short(max(rss))}B")
-        if self._bar is not None:
-            if self._bar.console.width < 70:  # narrow terminals: the essentials only
-                del parts[1]
-            self._bar.update(self._task, completed=t + 1, stats="  ".join(parts))
-        elif not self.quiet and (t + 1) % max(1, self.total // 10) == 0:
-            print(f"{self.label} {t + 1}/{self.total}  {'  '.join(parts)}", flush=True)
 
 
 # ---------------------------------------------------------------------------
@@ -213,12 +59,14 @@ def write_outputs(
         "iterations": len(hist),
         "initial_loss": hist.loss[0] if len(hist) else float("nan"),
         "final_loss": hist.final_loss,
-        "train_accuracy": _accuracy(ds, ds.X_train, ds.y_train, model),
-        "test_accuracy": _accuracy(ds, ds.X_test, ds.y_test, model),
+        "train_accuracy": accuracy_of(ds, ds.X_train, ds.y_train, model),
+        "test_accuracy": accuracy_of(ds, ds.X_test, ds.y_test, model),
         "fired_per_point_at_init": per_point,
         "expected_m_Q_b": theory.expected_fired(hist.m, hist.b),
         "paper_m_4_5": theory.paper_sparsity(hist.m),
         "preprocess_s": hist.preprocess_time,
+        "compile_s": hist.info.get("compile_s", 0.0),
+        "kernels_compiled": hist.info.get("compiled", 0),
         "per_iteration_s_median": float(np.median(hist.iteration_times)) if len(hist) else 0,
         **extra,
     }
@@ -465,6 +313,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         dense = train(
             dense_model, X, y, method="dense", lr=hist.lr, iters=args.dense_iters, callback=progress
         )
+    print(_compile_line(hist, dense))
     k = min(len(dense), len(hist))
     same = bool(np.allclose(dense.loss[:k], hist.loss[:k], rtol=1e-9, atol=0))
     speedup = float(np.median(dense.iteration_times) / np.median(hist.iteration_times))
@@ -507,6 +356,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f" (loss {summary['initial_loss']:.4g} -> {summary['final_loss']:.4g})"
     )
     print(f"report: {out / 'report.html'}")
+    return 0
+
+
+def _compile_line(*hists: History) -> str:
+    """What loading the kernels took, apart from every time the runs report."""
+    seconds = sum(h.info.get("compile_s", 0.0) for h in hists)
+    compiled = sum(h.info.get("compiled", 0) for h in hists)
+    if compiled:
+        return (
+            f"compiling kernels, once per install: {seconds:.1f} s ({compiled} functions; "
+            "not part of any time below)"
+        )
+    return f"kernels loaded from the cache: {seconds:.1f} s (not part of any time below)"
+
+
+def cmd_warmup(args: argparse.Namespace) -> int:
+    methods = [m for m in args.methods.split(",") if m]
+    took = warmup(methods)
+    if took.compiled:
+        print(f"compiled {took.compiled} functions in {took.seconds:.1f} s, once per install")
+    else:
+        print(f"every kernel was compiled already (loaded from the cache in {took.seconds:.1f} s)")
     return 0
 
 
@@ -627,255 +498,24 @@ def _positive_float(text: str, name: str) -> float:
     return v
 
 
-def _number(kind: type, low: float, high: float | None = None, what: str = "") -> Callable:
-    """An argparse type: a finite ``kind`` number in ``[low, high)``."""
-
-    def parse(text: str):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if not math.isfinite(v) or v < low or (high is not None and v >= high):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
-        return v
-
-    return parse
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "demo": cmd_demo,
+    "train": cmd_train,
+    "predict": cmd_predict,
+    "bench": cmd_bench,
+    "experiment": cmd_experiment,
+    "warmup": cmd_warmup,
+}
 
 
-_positive_int = _number(int, 1, what="a positive integer")
-_count = _number(int, 0, what="an integer >= 0")
-_fraction = _number(float, 0.0, 1.0, what="a number in [0, 1)")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from .experiments import EXPERIMENTS
-
-    parser = argparse.ArgumentParser(
-        prog="corrtree",
-        description="Exact sublinear-time training of two-layer ReLU networks with "
-        "weight-data correlation trees.",
-    )
-    parser.add_argument("--version", action="version", version=f"corrtree {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    p = sub.add_parser(
-        "demo",
-        help="train on scikit-learn's digits and compare with dense GD",
-        description="Train 2NN(m, b) on the digits data shipped with "
-        "scikit-learn, with the fastest exact method (cost model) and with "
-        "dense gradient descent for a few iterations; print accuracy, the "
-        "per-iteration speed-up and the fire statistics; write a report.",
-    )
-    p.add_argument(
-        "--width",
-        type=_positive_int,
-        default=2**14,
-        help="number of hidden neurons m (default 16384)",
-    )
-    p.add_argument(
-        "--iters",
-        type=_positive_int,
-        default=100,
-        help="gradient steps of the fast run (default 100)",
-    )
-    p.add_argument(
-        "--dense-iters",
-        type=_positive_int,
-        default=3,
-        help="gradient steps of the dense comparison (default 3)",
-    )
-    p.add_argument(
-        "--out", default="corrtree-demo", help="folder for the report (default ./corrtree-demo)"
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=cmd_demo)
-
-    p = sub.add_parser(
-        "train",
-        help="train on built-in data or your own file",
-        description="Train 2NN(m, b) by exact full-batch gradient descent. "
-        "Writes model.npz, history.json, history.csv, summary.json, figures "
-        "and report.html to --out.  Ctrl-C saves a checkpoint; continue with "
-        "--resume DIR.",
-    )
-    p.add_argument(
-        "--data",
-        default="digits",
-        help=f"{', '.join(BUILTIN_DATA)}, or a .npz file with arrays X and y, or a "
-        ".csv file whose last column is the label (header optional)",
-    )
-    p.add_argument(
-        "--width",
-        type=_positive_int,
-        default=4096,
-        help="number of hidden neurons m (default 4096)",
-    )
-    p.add_argument(
-        "--method",
-        choices=METHODS,
-        default="auto",
-        help="training method (default auto: cheapest by the cost model)",
-    )
-    p.add_argument(
-        "--iters", type=_count, default=None, help="gradient steps (default 100; or --epochs)"
-    )
-    p.add_argument(
-        "--lr",
-        default="auto",
-        help="learning rate, or 'auto' for 1/λ_max of the NTK matrix (default)",
-    )
-    p.add_argument(
-        "--batch-size",
-        type=_positive_int,
-        default=None,
-        help="mini-batch SGD with batches of N training points (default: full batch)",
-    )
-    p.add_argument(
-        "--epochs", type=_count, default=None, help="passes over the data (instead of --iters)"
-    )
-    p.add_argument("--momentum", type=float, default=0.0, help="momentum μ in [0, 1) (default 0)")
-    p.add_argument("--nesterov", action="store_true", help="Nesterov momentum")
-    p.add_argument(
-        "--weight-decay", type=float, default=0.0, help="weight decay λ >= 0 (default 0)"
-    )
-    p.add_argument(
-        "--schedule",
-        choices=SCHEDULES,
-        default="constant",
-        help="learning-rate schedule: constant, step (×0.1 at 1/2 and 3/4 of the epochs) "
-        "or cosine (default constant)",
-    )
-    p.add_argument(
-        "--seed",
-        type=_count,
-        default=0,
-        help="seed of weights and split, an integer >= 0 (default 0)",
-    )
-    p.add_argument(
-        "--test-size",
-        type=_fraction,
-        default=0.25,
-        help="held-out share of the data (default 0.25)",
-    )
-    p.add_argument(
-        "--task",
-        choices=("auto", "regression", "classification"),
-        default="auto",
-        help="for your own file: auto treats 2-20 integer labels as classes",
-    )
-    p.add_argument(
-        "--no-normalize",
-        action="store_true",
-        help="keep your file's rows as they are (default: scale to unit norm)",
-    )
-    p.add_argument(
-        "--no-standardize",
-        action="store_true",
-        help="do not standardize the features (default: centre and scale each feature with "
-        "the training split's mean and deviation, before the rows are scaled; the model "
-        "file keeps the transform and predict applies it)",
-    )
-    p.add_argument(
-        "--header",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="CSV: the first row is (--header) or is not (--no-header) a header "
-        "(default: detected)",
-    )
-    p.add_argument("--out", help="output folder (default ./corrtree-out/<data>)")
-    p.add_argument(
-        "--checkpoint-every",
-        type=_count,
-        default=0,
-        help="write the full training state every N iterations (default: only on Ctrl-C)",
-    )
-    p.add_argument(
-        "--resume",
-        metavar="DIR",
-        help="continue the run saved in DIR (other options are read from DIR; --workers or "
-        "--scheduler may change where it runs)",
-    )
-    p.add_argument(
-        "--workers",
-        type=_positive_int,
-        default=None,
-        help="shard the neurons over N local worker processes (Dask LocalCluster "
-        "on 127.0.0.1, no dashboard); needs corrtree[distributed]",
-    )
-    p.add_argument(
-        "--scheduler",
-        metavar="tcp://HOST:PORT",
-        default=None,
-        help="shard the neurons over the workers of an existing Dask cluster",
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_train)
-
-    p = sub.add_parser(
-        "predict",
-        help="predict with a saved model",
-        description="Print (or write) the outputs of a saved model, one line per input row.",
-    )
-    p.add_argument("--model", required=True, help="model.npz written by corrtree train")
-    p.add_argument(
-        "--data",
-        required=True,
-        help=".npz with array X (and optionally y), or .csv with one row per "
-        "point (an extra last column is taken as the label)",
-    )
-    p.add_argument("--out", help="write the predictions to this CSV file instead of stdout")
-    p.add_argument(
-        "--no-normalize",
-        action="store_true",
-        help="for a model file without a stored input transform: do not scale rows to unit "
-        "norm (a model written by corrtree train applies its own transform)",
-    )
-    p.add_argument(
-        "--header",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="CSV: the first row is (--header) or is not (--no-header) a header "
-        "(default: detected)",
-    )
-    p.set_defaults(func=cmd_predict)
-
-    p = sub.add_parser(
-        "bench",
-        help="run the benchmark suites",
-        description="Run benchmark suites side by side; print tables and "
-        "write JSON and PNG files.  large is the size reported in README "
-        "(tens of minutes); small runs in about 10 minutes.",
-    )
-    p.add_argument(
-        "--size",
-        choices=("small", "medium", "large"),
-        default="small",
-        help="problem sizes (default small)",
-    )
-    p.add_argument(
-        "--suite",
-        default="ddfn,train,lazy,kernel",
-        help="comma-separated suites: ddfn, train, lazy, kernel, distributed (default: all but "
-        "distributed, which needs corrtree[distributed])",
-    )
-    p.add_argument(
-        "--out",
-        default="benchmarks/results",
-        help="folder for JSON and PNG (default benchmarks/results)",
-    )
-    p.set_defaults(func=cmd_bench)
-
-    p = sub.add_parser(
-        "experiment",
-        help="run one of the paper's claims as an experiment",
-        description="Measure one statement of the paper; write NAME.json, "
-        "NAME.png and NAME.md (a paragraph comparing measurement and claim).",
-    )
-    p.add_argument("name", choices=sorted(EXPERIMENTS), help="experiment")
-    p.add_argument("--quick", action="store_true", help="small version (seconds)")
-    p.add_argument("--out", default="experiments", help="output folder (default ./experiments)")
-    p.set_defaults(func=cmd_experiment)
-    return parser
+def _log_to_stderr() -> None:
+    """The library's notices (such as a compilation starting) as ``corrtree: ...`` lines."""
+    logger = logging.getLogger("corrtree")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("corrtree: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
 
 
 def _terminate(signum, frame):  # SIGTERM stops like Ctrl-C (training saves a checkpoint)
@@ -885,9 +525,10 @@ def _terminate(signum, frame):  # SIGTERM stops like Ctrl-C (training saves a ch
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _log_to_stderr()
     previous = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
     try:
-        return args.func(args)
+        return COMMANDS[args.command](args)
     except KeyboardInterrupt as exc:
         msg = str(exc) or "interrupted"
         print(f"corrtree: {msg}", file=sys.stderr)

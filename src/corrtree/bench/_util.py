@@ -214,36 +214,12 @@ def loglog_plot(
 
 
 def warm_kernels(method: str, outputs: int = 1, **options: Any) -> None:
-    """Load the method's compiled kernels, so that a timed run that follows does not
-    include it: a few iterations on a tiny problem and on a small one with many flips
-    at once (the kernel trainer's flips by rows)."""
-    from ..datasets import sphere
-    from ..model import TwoLayerReLU
-    from ..training import train
+    """Load the method's compiled kernels (:func:`corrtree.warmup`), so that a timed run
+    that follows does not include it; ``options`` with ``momentum`` or ``weight_decay``
+    load those of the linear steps.  ``outputs`` is accepted for the callers' sake: the
+    kernels do not depend on it."""
+    from ..training._train import train
+    from ..training._warmup import ensure
 
-    small = sphere(n=64, d=256, outputs=outputs, seed=1)
-    wide = TwoLayerReLU.init(d=256, m=4096, outputs=outputs)
-    train(wide, small.X_train, small.y_train, method=method, iters=3, **options)
-    tiny = sphere(n=8, d=4, outputs=outputs, seed=1)
-    model = TwoLayerReLU.init(d=4, m=64, outputs=outputs)
-    train(model, tiny.X_train, tiny.y_train, method=method, iters=3, **options)
-    # the kernel trainer's heap, which a short run of coherent data does not reach
-    from ..training import _heap
-    from ..training._pool import SIGMA
-
-    keys, ids = np.empty(2), np.empty(2, dtype=np.int64)
-    size = _heap.push_all(keys, ids, 0, np.arange(2), np.zeros((2, SIGMA + 1)))
-    _heap.pop_due(keys, ids, size, 0.0)
-    # lr="auto" beyond the formed-matrix limit: the sparse NTK mat-vec, both ways, and
-    # the warm start's Ritz matrix
-    from ..training import _ntk
-    from ..training._sparse import keys_to_csr
-
-    X, a = tiny.X_train, model.output_weights
-    fire = keys_to_csr(np.flatnonzero(model.W @ X.T >= model.b), model.m, X.shape[0])
-    v = np.ones((X.shape[0], outputs))
-    f32 = (X.astype(np.float32), a.astype(np.float32), v.astype(np.float32))
-    _ntk._ntk_matvec_data(*fire, *f32, _ntk._work_bounds(fire[0], 2), float(model.m))
-    _ntk.ntk_matvec(*fire, X @ X.T, a)(v.ravel())
-    _ntk.NTKOperator(*fire, X @ X.T, np.array(a), X).ritz(v[:, 0])
-    _ntk._fire_set_norms(*fire, X, np.ones(X.shape[0]), np.array([0, model.m]))
+    del outputs
+    ensure(train, method, bool(options.get("momentum") or options.get("weight_decay")))

@@ -1,7 +1,16 @@
 """Training 2NN(m, b) by gradient descent: full batch or mini-batch SGD."""
 
-from ._train import METHODS, TrainingDiverged, resume, train
+from ._train import METHODS, TrainingDiverged, Warmup, resume, train, warmup
 from .checkpoint import CheckpointError
 from .history import History
 
-__all__ = ["METHODS", "CheckpointError", "History", "TrainingDiverged", "resume", "train"]
+__all__ = [
+    "METHODS",
+    "CheckpointError",
+    "History",
+    "TrainingDiverged",
+    "Warmup",
+    "resume",
+    "train",
+    "warmup",
+]

@@ -9,7 +9,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -21,13 +21,14 @@ from ..model import TwoLayerReLU, as_targets
 from ._base import Trainer
 from ._registry import METHODS, TRAINERS
 from ._state import CheckpointError
+from ._warmup import WARM_METHODS, Warmup, ensure
 from .band import BandTrainer
 from .checkpoint import FORMAT, data_digest, load_checkpoint, read_manifest, save_checkpoint
 from .costs import coherence, estimate, fire_share
 from .history import History
 from .optim import SGD, Optimizer
 
-__all__ = ["METHODS", "TrainingDiverged", "resume", "train"]
+__all__ = ["METHODS", "TrainingDiverged", "Warmup", "resume", "train", "warmup"]
 
 #: Signals that stop a run with a checkpoint after the current iteration.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -260,6 +261,31 @@ def train(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def warmup(methods: Iterable[str] = WARM_METHODS) -> Warmup:
+    """Compile (or load from numba's cache) the kernels of ``methods`` now, for
+    full-batch and mini-batch steps, so that later runs start at once; :func:`train`
+    does it for its own method before its clock starts (``corrtree/training/_warmup.py``).
+    Returns the total time and the number of functions compiled (0: all from the cache).
+
+    Examples
+    --------
+    >>> import corrtree as ct
+    >>> ct.warmup(["dense"]).seconds >= 0
+    True
+    """
+    seconds, compiled = 0.0, 0
+    for method in methods:
+        if method not in WARM_METHODS:
+            raise ValueError(
+                f"methods: each must be one of {', '.join(WARM_METHODS)}; got {method!r}"
+            )
+        for linear in (False, True):
+            took = ensure(train, method, linear)
+            seconds += took.seconds
+            compiled += took.compiled
+    return Warmup(seconds, compiled)
+
+
 def _make(
     method: str,
     model: TwoLayerReLU,
@@ -279,6 +305,10 @@ def _make(
     if method == "auto":
         method, info["costs"] = choose_method(X, G, model, iters, sgd)
         info["auto"] = True
+    # the one-time loading (or compiling) of the method's kernels is not part of the run
+    took = ensure(train, method, sgd.linear)
+    t0 += took.seconds
+    info["compile_s"], info["compiled"] = took.seconds, took.compiled
     trainer = TRAINERS[method](model, X, Y, G, lr, **options)
     hist = History.of_run(
         method,

@@ -1,0 +1,195 @@
+"""Compiling the numba kernels ahead of a run, so that no speed figure includes it.
+
+corrtree's kernels are compiled by numba the first time they run and cached on disk:
+in the package's ``__pycache__`` folders when they are writable, else in numba's user
+cache folder (``~/.cache/numba``, or ``NUMBA_CACHE_DIR`` when set), so a system-wide,
+read-only install still compiles once per user.  Compiling a method's kernels takes
+tens of seconds; loading them from the cache, about a second.
+
+:func:`corrtree.train` calls :func:`ensure` with the method it is about to run, before
+its clock starts: the first run of a method in a process trains a tiny problem with it
+(compiling or loading every kernel the method can reach), and the time this took is
+recorded apart, in ``History.info["compile_s"]`` (``History.info["compiled"]``: how
+many functions were compiled, 0 when every one came from the cache).  ``corrtree
+warmup`` (or :func:`corrtree.warmup`) does the same for every method ahead of time.  Only the
+chosen method's kernels are compiled.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..datasets import sphere
+from ..model import TwoLayerReLU
+from . import _heap, _ntk
+from ._pool import SIGMA
+from ._sparse import keys_to_csr
+
+__all__ = ["WARM_METHODS", "Warmup", "ensure"]
+
+logger = logging.getLogger("corrtree")
+
+#: The trainers whose kernels :func:`corrtree.warmup` compiles, in this order.
+WARM_METHODS = ("dense", "dtree", "wtree", "lazy", "kernel")
+
+#: Seconds to wait for a helper process still compiling when the caller is done (it only
+#: fills the cache: what it has not written yet, the caller compiled itself).
+_HELPER_WAIT = 2.0
+
+_warm: set[tuple[str, bool]] = set()  # (method, linear steps) loaded in this process
+_busy = False  # a warm-up is running: its own train() calls do not warm up again
+
+
+class Warmup(NamedTuple):
+    """What a warm-up took: ``seconds`` of wall time and the number of functions
+    ``compiled`` (0: every kernel was loaded from numba's cache)."""
+
+    seconds: float
+    compiled: int
+
+
+class _CompileCounter:
+    """Counts numba's compile events (loads from the cache raise none) while installed,
+    and calls ``on_first`` when the first one starts."""
+
+    def __init__(self, on_first: Callable[[], None]) -> None:
+        from numba.core import event
+
+        count = [0]
+        started = [False]
+
+        class Listener(event.Listener):
+            def on_start(self, ev: event.Event) -> None:
+                if not started[0]:
+                    started[0] = True
+                    on_first()
+
+            def on_end(self, ev: event.Event) -> None:
+                count[0] += 1
+
+        self._count = count
+        self._guard = event.install_listener("numba:compile", Listener())
+
+    def __enter__(self) -> list[int]:
+        self._guard.__enter__()
+        return self._count
+
+    def __exit__(self, *exc: object) -> None:
+        self._guard.__exit__(*exc)
+
+
+def _small(outputs: int = 2) -> tuple[Any, TwoLayerReLU]:
+    """The problem with many flips at once (the kernel trainer's flips by rows)."""
+    return sphere(n=64, d=256, outputs=outputs, seed=1), TwoLayerReLU.init(
+        d=256, m=4096, outputs=outputs
+    )
+
+
+def _late_kernels(method: str) -> None:
+    """The kernels a long run adds to a short one: the kernel trainer's heap, and for
+    ``lr="auto"`` beyond the formed NTK matrix the sparse mat-vec both ways and the warm
+    start."""
+    if method == "kernel":  # its heap, which a short run of coherent data does not reach
+        keys, ids = np.empty(2), np.empty(2, dtype=np.int64)
+        size = _heap.push_all(keys, ids, 0, np.arange(2), np.zeros((2, SIGMA + 1)))
+        _heap.pop_due(keys, ids, size, 0.0)
+    tiny = sphere(n=8, d=4, outputs=2, seed=1)
+    model = TwoLayerReLU.init(d=4, m=64, outputs=2)
+    X, a = tiny.X_train, model.output_weights
+    fire = keys_to_csr(np.flatnonzero(model.W @ X.T >= model.b), model.m, X.shape[0])
+    v = np.ones((X.shape[0], a.shape[1]))
+    f32 = (X.astype(np.float32), a.astype(np.float32), v.astype(np.float32))
+    _ntk._ntk_matvec_data(*fire, *f32, _ntk._work_bounds(fire[0], 2), float(model.m))
+    _ntk.ntk_matvec(*fire, X @ X.T, a)(v.ravel())
+    _ntk.NTKOperator(*fire, X @ X.T, np.array(a), X).ritz(v[:, 0])
+    _ntk._fire_set_norms(*fire, X, np.ones(X.shape[0]), np.array([0, model.m]))
+
+
+def _tiny_runs(train: Callable[..., Any], method: str, linear: bool) -> None:
+    """Train two tiny problems with ``method`` (one with many flips at once), then load
+    :func:`_late_kernels`."""
+    options = {"batch_size": 4, "momentum": 0.5} if linear else {}
+    small, wide = _small()
+    train(wide, small.X_train, small.y_train, method=method, iters=3, **options)
+    tiny = sphere(n=8, d=4, outputs=2, seed=1)
+    model = TwoLayerReLU.init(d=4, m=64, outputs=2)
+    train(model, tiny.X_train, tiny.y_train, method=method, iters=3, **options)
+    _late_kernels(method)
+
+
+def _helper(method: str) -> None:
+    """What a helper process compiles into the cache while the caller compiles the rest:
+    the late kernels first, then the re-anchoring of the band trainers (which a short run
+    reaches last), reached directly from a fresh trainer."""
+    _late_kernels(method)
+    from ._registry import TRAINERS
+
+    small, model = _small()
+    X = small.X_train
+    Y = small.y_train
+    trainer = TRAINERS[method](model, X, Y, X @ X.T, "auto")
+    trainer._reanchor(np.arange(model.m, dtype=np.int64))
+
+
+def _start_helper(method: str) -> subprocess.Popen | None:
+    """A process running :func:`_helper` (``None`` on one core or where processes cannot
+    be started): numba compiles on one thread, so two processes compile a method's
+    kernels sooner.  A plain interpreter, not ``multiprocessing``, whose ``spawn`` would
+    run the caller's main script again."""
+    if method not in ("lazy", "kernel") or (os.cpu_count() or 1) < 2:
+        return None
+    code = f"from corrtree.training._warmup import _helper; _helper({method!r})"
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    except OSError:  # no processes here: compile alone
+        return None
+
+
+def ensure(train: Callable[..., Any], method: str, linear: bool = False) -> Warmup:
+    """Load (compiling them if the cache has none) the kernels a run of ``method`` uses,
+    once per process; ``linear``: steps with momentum or weight decay.  Returns what it
+    took (``Warmup(0, 0)`` when they are loaded already).
+
+    A compilation is announced on the ``corrtree`` logger (INFO) when it starts; a
+    helper process (:func:`_helper`) then compiles part of the kernels into the cache
+    at the same time.
+    """
+    global _busy
+    key = (method, bool(linear))
+    if key in _warm or _busy:
+        return Warmup(0.0, 0)
+    helper = []
+
+    def first_compile() -> None:
+        logger.info("compiling the kernels of method=%r, once per install ...", method)
+        helper.append(_start_helper(method))
+
+    t0 = time.perf_counter()
+    _busy = True
+    try:
+        with _CompileCounter(first_compile) as count:
+            _tiny_runs(train, method, linear)
+    finally:
+        _busy = False
+        for proc in helper:
+            if proc is not None:
+                try:
+                    proc.wait(_HELPER_WAIT)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    _warm.add(key)
+    return Warmup(time.perf_counter() - t0, count[0])
