@@ -70,6 +70,13 @@ DENSE_MIN_BLOCK = 64
 #: free memory: they share it with W, the tracked pairs and the preprocessing blocks.
 FLOAT64_ANCHOR_MEMORY_SHARE = 0.25
 
+#: Bytes a tracked pair of the band trainers takes in the pool, its spare capacity and
+#: scratch space included (measured: W1 at m = 2^20); the memory check before a run.
+POOL_BYTES_PER_PAIR = 110.0
+#: Bytes of a neuron's rows in the band trainers' tables (``seg``, ``nf``, keys, drifts).
+NEURON_TABLE_BYTES = 160.0
+#: Bytes per weight-data pair of the paper's trees (products and their max levels).
+TREE_BYTES_PER_PAIR = 10.0
 #: The kernel trainer's dense NTK matrix may take at most this share of free memory.
 NTK_MEMORY_SHARE = 0.5
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+from collections.abc import Callable
 
 import numpy as np
 
@@ -24,6 +25,7 @@ __all__ = [
     "check_rows",
     "check_shape_2d",
     "readonly",
+    "widest_fitting",
 ]
 
 
@@ -46,14 +48,25 @@ def available_memory() -> int:
         return 1 << 62
 
 
-def check_memory(nbytes: float, what: str) -> None:
-    """Raise ``MemoryError`` naming ``what`` if ``nbytes`` cannot fit in memory."""
+def check_memory(nbytes: float, what: str, hint: str = "") -> None:
+    """Raise ``MemoryError`` naming ``what`` if ``nbytes`` cannot fit in memory; the
+    message ends with ``hint`` (what would fit instead), if given."""
     avail = available_memory()
     if nbytes > avail:
         raise MemoryError(
             f"{what} needs {nbytes / 2**30:.2f} GiB but only {avail / 2**30:.2f} GiB "
-            "of memory is available"
+            "of memory is available" + (f"; {hint}" if hint else "")
         )
+
+
+def widest_fitting(bytes_at: Callable[[int], float], m: int) -> int:
+    """The largest power of two below ``m`` whose ``bytes_at(width)`` fits in available
+    memory (0 if none does)."""
+    avail = available_memory()
+    width = 1 << max(int(m - 1).bit_length() - 1, 0)
+    while width >= 1 and bytes_at(width) > avail:
+        width //= 2
+    return width if width < m else 0
 
 
 def check_shape_2d(name: str, A: object) -> tuple[int, int]:

@@ -13,15 +13,16 @@ import zipfile
 
 import numpy as np
 
-from . import _config
+from . import _config, _validation
 from ._io import atomic_savez
 from ._validation import (
     as_matrix,
-    available_memory,
+    check_memory,
     check_positive_int,
     check_real,
     check_shape_2d,
     readonly,
+    widest_fitting,
 )
 from .preprocessing import InputTransform
 
@@ -106,13 +107,22 @@ class TwoLayerReLU:
         outputs = check_positive_int("outputs", outputs)
         if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
             raise ValueError(f"seed must be an integer, got {seed!r}")
-        need = 8.0 * m * (d + outputs)
-        if need > available_memory():
-            raise MemoryError(f"TwoLayerReLU.init(d={d}, m={m}) needs {need / 2**30:.2f} GiB for W")
+
+        def need(width: int) -> float:
+            return 8.0 * width * (d + outputs)
+
+        if need(m) > _validation.available_memory():
+            width = widest_fitting(need, m)
+            check_memory(
+                need(m),
+                f"TwoLayerReLU.init(d={d}, m={m}) (W and a)",
+                f"m={width} would fit" if width else "",
+            )
         rng = np.random.default_rng(seed)
-        W = rng.standard_normal((m, d))
+        W = np.empty((m, d))
+        rng.standard_normal(out=W)  # in place: one m×d array at the peak, the same draws
         a = rng.choice(np.array([-1.0, 1.0]), size=(m, outputs))
-        return cls(W, a[:, 0] if outputs == 1 else a, b)
+        return cls(W, a[:, 0] if outputs == 1 else a, b, copy=False)
 
     # -- attributes ----------------------------------------------------------------
     @property

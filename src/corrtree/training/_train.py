@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 import os
@@ -14,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import _config
+from .. import _config, _validation
 from .._io import remove_stale_temporaries
-from .._validation import as_matrix
+from .._validation import as_matrix, check_memory, widest_fitting
 from ..model import TwoLayerReLU, as_targets
 from ._base import Trainer
 from ._registry import METHODS, TRAINERS
@@ -24,7 +25,7 @@ from ._state import CheckpointError
 from ._warmup import WARM_METHODS, Warmup, ensure
 from .band import BandTrainer
 from .checkpoint import FORMAT, data_digest, load_checkpoint, read_manifest, save_checkpoint
-from .costs import coherence, estimate, fire_share
+from .costs import coherence, estimate, fire_share, memory_need
 from .history import History
 from .optim import SGD, Optimizer
 
@@ -196,6 +197,8 @@ def train(
     Y = as_targets(y, X.shape[0], model.outputs)
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
+    if method != "auto":
+        _check_options(method, options)
     lr = _check_lr(lr)
     sgd = SGD(batch_size, epochs, momentum, nesterov, weight_decay, schedule, shuffle_seed)
     if iters is not None and epochs is not None:
@@ -286,6 +289,63 @@ def warmup(methods: Iterable[str] = WARM_METHODS) -> Warmup:
     return Warmup(seconds, compiled)
 
 
+def method_options(method: str) -> tuple[str, ...]:
+    """The options (``**options`` of :func:`train`) a method's trainer accepts: the
+    parameters of its ``_prepare`` (where one forwards ``**options``, its parent's), less
+    the private ones, which only the tests use."""
+    accepted: list[str] = []
+    for cls in TRAINERS[method].__mro__:
+        if "_prepare" not in vars(cls):
+            continue
+        params = list(inspect.signature(vars(cls)["_prepare"]).parameters.values())[2:]
+        accepted += [p.name for p in params if p.kind is not p.VAR_KEYWORD]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return tuple(accepted)
+
+
+def _check_options(method: str, options: dict[str, Any]) -> None:
+    """One line naming an option that ``method`` does not take, and those it does."""
+    accepted = method_options(method)
+    for name in options:
+        if name not in accepted:
+            public = [k for k in accepted if not k.startswith("_")]
+            known = ", ".join(public) if public else "none"
+            raise TypeError(
+                f"train() got an unknown option {name!r} for method={method!r}; "
+                f"the options of method={method!r} are: {known}"
+            )
+
+
+def _check_run_memory(
+    method: str, X: np.ndarray, model: TwoLayerReLU, linear: bool, options: dict[str, Any]
+) -> None:
+    """One line before any large allocation when a run of ``method`` would not fit in
+    available memory (:func:`~.costs.memory_need`), naming the widths and methods that
+    would."""
+    n, d = X.shape
+    band = options.get("band")
+    if isinstance(band, bool) or not isinstance(band, numbers.Real) or not band >= 0:
+        band = _config.BAND  # the trainer names a bad band itself
+    band_share = fire_share(np.linalg.norm(X, axis=1), model.b - band)
+
+    def need(meth: str, m: int) -> float:
+        return memory_need(meth, n, m, d, model.outputs, band_share, linear)
+
+    free = _validation.available_memory()
+    if need(method, model.m) <= free:
+        return
+    others = [k for k in TRAINERS if k != method and need(k, model.m) <= free]
+    width = widest_fitting(lambda m: need(method, m) + 8.0 * m * (d + model.outputs), model.m)
+    hints = [f"m={width} would fit"] if width else []
+    hints += [f"method={k!r} would fit" for k in others]
+    check_memory(
+        need(method, model.m),
+        f"method={method!r} at n={n}, m={model.m}, d={d}",
+        " or ".join(hints) if hints else "no method fits at this width",
+    )
+
+
 def _make(
     method: str,
     model: TwoLayerReLU,
@@ -305,6 +365,8 @@ def _make(
     if method == "auto":
         method, info["costs"] = choose_method(X, G, model, iters, sgd)
         info["auto"] = True
+    _check_options(method, options)
+    _check_run_memory(method, X, model, sgd.linear, options)
     # the one-time loading (or compiling) of the method's kernels is not part of the run
     took = ensure(train, method, sgd.linear)
     t0 += took.seconds

@@ -1,0 +1,130 @@
+"""What a user meets first: memory checked before it is spent, unknown options named,
+and kernels loaded before a run's clock starts."""
+
+import subprocess
+import sys
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import corrtree as ct
+from corrtree import _validation
+from corrtree.training._train import method_options
+
+
+def _fake_free(monkeypatch, nbytes):
+    monkeypatch.setattr(_validation, "available_memory", lambda: int(nbytes))
+
+
+def test_init_that_does_not_fit_is_one_line_before_allocating(monkeypatch):
+    _fake_free(monkeypatch, 4 * 2**30)
+    tracemalloc.start()
+    try:
+        with pytest.raises(MemoryError) as exc:
+            ct.TwoLayerReLU.init(d=784, m=2**21)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    msg = str(exc.value)
+    assert "\n" not in msg
+    assert "m=2097152" in msg and "12.27 GiB" in msg and "4.00 GiB" in msg
+    assert "m=524288 would fit" in msg  # 8·2^19·785 bytes = 3.07 GiB
+    assert peak < 2**20
+
+
+def test_init_fills_W_in_place():
+    tracemalloc.start()
+    try:
+        model = ct.TwoLayerReLU.init(d=64, m=2**14, seed=3)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1.2 * model.W.nbytes
+    rng = np.random.default_rng(3)  # the same draws as one standard_normal((m, d))
+    assert np.array_equal(model.W, rng.standard_normal((2**14, 64)))
+
+
+def test_run_that_does_not_fit_names_what_would(monkeypatch):
+    ds = ct.datasets.sphere(n=256, d=64, seed=0)
+    model = ct.TwoLayerReLU.init(d=64, m=2**15, seed=0)
+    W0 = model.W.copy()
+    # the lazy run needs ~60 MB here, dense ~17 MB; at m = 8192 lazy and the model fit
+    _fake_free(monkeypatch, 24 * 2**20)
+    with pytest.raises(MemoryError) as exc:
+        ct.train(model, ds.X_train, ds.y_train, method="lazy", iters=2)
+    msg = str(exc.value)
+    assert "\n" not in msg
+    assert "method='lazy' at n=256, m=32768" in msg
+    assert "method='dense' would fit" in msg and "m=8192 would fit" in msg
+    assert np.array_equal(model.W, W0)
+    monkeypatch.undo()
+    ct.train(model, ds.X_train, ds.y_train, method="lazy", iters=2)  # it fits for real
+
+
+def test_estimator_with_a_width_that_does_not_fit(monkeypatch):
+    from corrtree.sklearn import CorrTreeRegressor
+
+    rng = np.random.default_rng(0)
+    X, y = rng.standard_normal((50, 8)), rng.standard_normal(50)
+    _fake_free(monkeypatch, 2**20)
+    with pytest.raises(MemoryError, match="TwoLayerReLU.init"):
+        CorrTreeRegressor(width=2**16, iters=2).fit(X, y)
+
+
+@pytest.mark.parametrize("method", ["dense", "dtree", "wtree", "lazy", "kernel", "auto"])
+def test_unknown_option_names_the_option_and_the_accepted_ones(method):
+    ds = ct.datasets.sphere(n=16, d=4, seed=0)
+    model = ct.TwoLayerReLU.init(d=4, m=64)
+    with pytest.raises(TypeError) as exc:
+        ct.train(model, ds.X_train, ds.y_train, method=method, iters=1, devcie="cpu")
+    msg = str(exc.value)
+    assert "'devcie'" in msg and "_prepare" not in msg
+    if method != "auto":
+        assert f"method={method!r}" in msg
+
+
+def test_method_options_are_what_the_trainers_take():
+    assert method_options("dense") == ("block",)
+    assert method_options("dtree") == ()
+    assert {"band", "anchor_dtype", "gemm_dtype"} <= set(method_options("kernel"))
+    ds = ct.datasets.sphere(n=16, d=4, seed=0)
+    for method in ("lazy", "kernel"):  # each accepted option reaches the trainer
+        model = ct.TwoLayerReLU.init(d=4, m=64)
+        ct.train(model, ds.X_train, ds.y_train, method=method, iters=1, band=0.7)
+
+
+def test_no_compilation_inside_a_timed_run():
+    """In a fresh process: the run's History reports the loading of its kernels apart,
+    and once the method is warm, a run of another shape, outputs and optimizer kind
+    compiles nothing (numba's compile events, which loads from the cache do not raise)."""
+    code = """
+import corrtree as ct
+from numba.core import event
+ds = ct.datasets.sphere(n=40, d=16, outputs=3, seed=0)
+model = ct.TwoLayerReLU.init(d=16, m=2048, outputs=3)
+hist = ct.train(model, ds.X_train, ds.y_train, method="kernel", iters=3)
+assert hist.info["compile_s"] > 0, hist.info
+assert hist.info["compile_s"] > hist.preprocess_time or hist.info["compiled"] == 0
+compiled = []
+class Count(event.Listener):
+    def on_start(self, ev): pass
+    def on_end(self, ev): compiled.append(ev.data["dispatcher"].py_func.__name__)
+with event.install_listener("numba:compile", Count()):
+    ds = ct.datasets.sphere(n=300, d=50, seed=1)
+    model = ct.TwoLayerReLU.init(d=50, m=20000, seed=1)
+    hist = ct.train(model, ds.X_train, ds.y_train, method="kernel", iters=20)
+    assert hist.info["compile_s"] == 0.0
+print("compiled", len(compiled), compiled)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "compiled 0 []"
+
+
+def test_warmup_reports_loading_from_the_cache():
+    took = ct.warmup(["dense"])
+    assert took.seconds >= 0 and took.compiled >= 0
+    assert ct.warmup(["dense"]) == ct.Warmup(0.0, 0)  # once per process
+    with pytest.raises(ValueError, match="methods"):
+        ct.warmup(["fast"])
