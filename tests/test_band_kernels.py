@@ -21,6 +21,8 @@ from naive import (
 from corrtree import _config
 from corrtree.training import _pairs, _reanchor
 from corrtree.training._anchors import BandState, pair_dots
+from corrtree.training._clocks import own_clocks
+from corrtree.training._flips import apply_flips, apply_flips_by_rows
 from corrtree.training._pool import (
     BETA,
     CNT,
@@ -32,15 +34,10 @@ from corrtree.training._pool import (
     START,
     SUPP,
 )
+from corrtree.training._principal import principal_parts
 from corrtree.training._reanchor import reanchor
 from corrtree.training._sparse import keys_to_csr, stepped_rows
-from corrtree.training.kernel import (
-    apply_flips,
-    apply_flips_by_rows,
-    own_clocks,
-    principal_parts,
-    visit_rows,
-)
+from corrtree.training._visit import visit_rows
 
 BAND = 0.4
 

@@ -98,9 +98,9 @@ def test_warm_kernels_loads_what_a_long_run_uses():
     code = (
         "import corrtree\n"
         "from corrtree.bench._util import warm_kernels\n"
-        "from corrtree.training import _heap, kernel\n"
+        "from corrtree.training import _flips, _heap\n"
         "warm_kernels('kernel')\n"
-        "for f in (_heap.push_all, _heap.pop_due, kernel._flip_sets, kernel._add_symmetric):\n"
+        "for f in (_heap.push_all, _heap.pop_due, _flips._flip_sets, _flips._add_symmetric):\n"
         "    print(f.__name__, len(f.signatures))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

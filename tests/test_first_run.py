@@ -68,7 +68,7 @@ def test_estimator_with_a_width_that_does_not_fit(monkeypatch):
     rng = np.random.default_rng(0)
     X, y = rng.standard_normal((50, 8)), rng.standard_normal(50)
     _fake_free(monkeypatch, 2**20)
-    with pytest.raises(MemoryError, match="TwoLayerReLU.init"):
+    with pytest.raises(MemoryError, match=r"TwoLayerReLU\.init"):
         CorrTreeRegressor(width=2**16, iters=2).fit(X, y)
 
 

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from corrtree.training.kernel import KEY, pop_due, push_all
+from corrtree.training._heap import pop_due, push_all
+from corrtree.training._pool import KEY
 
 
 def _is_heap(keys, ids, size):

@@ -116,7 +116,7 @@ def test_values_from_g_or_from_the_data_keep_the_trajectory(monkeypatch, method,
 def test_early_reanchoring_keeps_the_trajectory(monkeypatch, scatter):
     """Isotropic data at ``lr="auto"``: the error shrinks several times a step, so the
     kernel trainer re-anchors at the first step the neurons whose path will leave their
-    band (:func:`~corrtree.training.kernel.lookahead`), skipping their values; with the
+    band (:func:`~corrtree.training._clocks.lookahead`), skipping their values; with the
     look-ahead off they are re-anchored later.  Both follow dense, by either route."""
     X, y, model0 = _problem(64, 3000, 64, 1, 8)
     ref = _run(model0, X, y, "dense", iters=12)
@@ -131,7 +131,7 @@ def test_early_reanchoring_keeps_the_trajectory(monkeypatch, scatter):
 
 
 def test_lookahead_is_the_geometric_tail_of_fast_contractions():
-    from corrtree.training.kernel import lookahead
+    from corrtree.training._clocks import lookahead
 
     assert lookahead(1.0, 4.0) == pytest.approx(1 / 3)
     assert lookahead(0.0, 4.0) == 0.0

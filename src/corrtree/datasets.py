@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ._validation import check_positive_int
+from .preprocessing import InputTransform, unit_rows
 
 __all__ = [
     "Dataset",
@@ -62,23 +63,6 @@ class Dataset:
     def outputs(self) -> int:
         """Number of network outputs the targets need."""
         return 1 if self.y_train.ndim == 1 else self.y_train.shape[1]
-
-
-def unit_rows(X: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit Euclidean norm (zero rows stay zero).
-
-    A row whose norm overflows (entries near the float64 limit, 1e308) or
-    underflows is first divided by its largest absolute entry.
-    """
-    X = np.asarray(X, dtype=np.float64)
-    with np.errstate(over="ignore", under="ignore"):
-        norms = np.linalg.norm(X, axis=1, keepdims=True)
-    bad = ~np.isfinite(norms[:, 0]) | ((norms[:, 0] == 0) & np.any(X != 0, axis=1))
-    if bad.any():
-        X = X.copy()
-        X[bad] /= np.abs(X[bad]).max(axis=1, keepdims=True)
-        norms[bad] = np.linalg.norm(X[bad], axis=1, keepdims=True)
-    return X / np.where(norms > 0, norms, 1.0)
 
 
 def sphere(
@@ -134,8 +118,6 @@ def digits(test_size: float = 0.25, seed: int = 0, standardize: bool = False) ->
     """
     from sklearn.datasets import load_digits
 
-    from .preprocessing import InputTransform
-
     test_size = _check_test_size(test_size)
     data = load_digits()
     classes = np.unique(data.target)
@@ -159,8 +141,6 @@ def image_patches(
     real data: neighbouring pixels agree, so a step moves many products at once.
     """
     from sklearn.datasets import load_sample_images
-
-    from .preprocessing import InputTransform
 
     n = check_positive_int("n", n)
     size = check_positive_int("size", size)

@@ -24,7 +24,6 @@ See ``docs/distributed.md``.
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import resource
@@ -32,7 +31,6 @@ import signal
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,9 +38,10 @@ from typing import Any
 import numpy as np
 
 from . import _config
-from ._io import atomic_savez, remove_stale_temporaries
+from ._shard_files import SHARDED_FORMAT, arrays_of, check_manifest, save_shards
 from .model import TwoLayerReLU
 from .training._base import PHASES, Trainer
+from .training._loop import STOP_SIGNALS, Run, check_divergence
 from .training._ntk import (
     NTKOperator,
     dense_top_eigenvalue,
@@ -53,9 +52,7 @@ from .training._ntk import (
 )
 from .training._registry import TRAINERS
 from .training._state import CheckpointError
-from .training._train import STOP_SIGNALS, Run, check_divergence
 from .training.checkpoint import (
-    check_entries,
     data_digest,
     digest_of,
     load_checkpoint,
@@ -75,7 +72,6 @@ __all__ = [
     "train_sharded",
 ]
 
-SHARDED_FORMAT = "corrtree.sharded-checkpoint/1"
 #: Environment variable: the numba threads a shard may use (set by :func:`local_client`).
 SHARD_THREADS = "CORRTREE_SHARD_THREADS"
 _STATS = ("fired_pairs", "moved_neurons", "flips", "band_pairs", "reanchored", "evaluated_pairs")
@@ -407,7 +403,7 @@ def resume_sharded(
 ) -> tuple[TwoLayerReLU, History]:
     """Continue a sharded run: bit for bit with the same shards, from ``W(t)`` otherwise."""
     path = Path(path)
-    _check_manifest(path, manifest)
+    check_manifest(path, manifest)
     meta = dict(manifest["meta"])
     if meta.get("data_digest") != data_digest(X, Y):
         raise CheckpointError(f"{path} was written for different training data")
@@ -449,7 +445,7 @@ def resume_sharded(
             [(manifest["method"], p, X, Y, m, manifest["lr"], manifest["options"]) for p in pieces],
         )
     hist = History.from_dict(manifest["history"])
-    arrays = _arrays(path)
+    arrays = arrays_of(path)
     if manifest.get("digest") != digest_of(manifest, arrays):
         raise CheckpointError(f"checkpoint {path} is damaged (its digest does not match)")
     model = model_from_arrays(path, arrays, manifest, X.shape[1], Y.shape[1])
@@ -459,47 +455,6 @@ def resume_sharded(
     return model, _drive(
         model, Y, pool, slices, parts, hist, meta, callback, checkpoint or path, run
     )
-
-
-def _check_manifest(path: Path, manifest: dict[str, Any]) -> None:
-    """The entries of a sharded manifest, before anything uses them."""
-    kinds = {
-        "method": str,
-        "lr": float,
-        "b": float,
-        "squeeze": bool,
-        "options": dict,
-        "shards": list,
-        "history": dict,
-        "meta": dict,
-    }
-    check_entries(path, manifest, kinds)
-    if manifest["method"] not in TRAINERS or not manifest["lr"] > 0 or not manifest["shards"]:
-        raise CheckpointError(f"{path}: bad method, learning rate or shard list")
-    edge = 0
-    for shard in manifest["shards"]:
-        if not (
-            isinstance(shard, dict)
-            and isinstance(shard.get("file"), str)
-            and Path(shard["file"]).name == shard["file"]
-            and shard.get("start") == edge
-            and isinstance(shard.get("stop"), int)
-            and not isinstance(shard.get("stop"), bool)
-            and shard["stop"] > edge
-        ):
-            raise CheckpointError(
-                f"{path}: the shard list must cover the neurons in order, with plain file names"
-            )
-        edge = shard["stop"]
-    try:
-        History.from_dict(manifest["history"])
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise CheckpointError(f"{path}: bad history ({exc})") from exc
-
-
-def _arrays(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as data:
-        return {k: np.array(data[k]) for k in data.files if k != "manifest"}
 
 
 def _drive(model, Y, pool, slices, parts, hist, meta, callback, checkpoint, run) -> History:
@@ -553,7 +508,7 @@ def _drive(model, Y, pool, slices, parts, hist, meta, callback, checkpoint, run)
                 break
             every = meta["checkpoint_every"]
             if checkpoint is not None and (stop or (every and (t + 1) % every == 0)):
-                last_saved = _save(Path(checkpoint), pool, slices, model, hist, meta)
+                last_saved = save_shards(Path(checkpoint), pool, slices, model, hist, meta)
             if stop:
                 raise KeyboardInterrupt(
                     f"interrupted after iteration {t}; state saved to {checkpoint}"
@@ -588,37 +543,3 @@ def _gather_weights(model: TwoLayerReLU, pool, slices) -> None:
         for (s, _), (a, _), rows in zip(slices, bounds, pool.call("weights", bounds), strict=True):
             if rows.shape[0]:
                 model.set_weights(rows, start=s + a)
-
-
-def _save(
-    path: Path, pool, slices, model: TwoLayerReLU, hist: History, meta: dict[str, Any]
-) -> int:
-    """One file per shard, then the manifest (atomic), then the older shard files go."""
-    remove_stale_temporaries(path)
-    t = len(hist)
-    tag = uuid.uuid4().hex[:8]
-    names = [f"{path.stem}.t{t}-{tag}.shard{k}.npz" for k in range(len(slices))]
-    digests = pool.call(
-        "save", [(str(path.parent / name), {**meta, "shard": k}) for k, name in enumerate(names)]
-    )
-    manifest = {
-        "format": SHARDED_FORMAT,
-        "method": hist.method,
-        "lr": hist.lr,
-        "b": model.b,
-        "squeeze": model.a.ndim == 1,
-        "options": meta["options"],
-        "shards": [
-            {"start": s, "stop": e, "file": name, "digest": digest}
-            for (s, e), name, digest in zip(slices, names, digests, strict=True)
-        ],
-        "history": hist.as_dict(),
-        "meta": meta,
-    }
-    arrays = {"model_W": model.W, "model_a": model.output_weights}
-    manifest["digest"] = digest_of(manifest, arrays)
-    atomic_savez(path, manifest=np.array(json.dumps(manifest)), **arrays)
-    for old in path.parent.glob(f"{path.stem}.t*.shard*.npz"):
-        if old.name not in names:
-            old.unlink(missing_ok=True)
-    return t

@@ -18,7 +18,24 @@ import numpy as np
 
 from ._validation import as_matrix
 
-__all__ = ["InputTransform", "load_transform"]
+__all__ = ["InputTransform", "load_transform", "unit_rows"]
+
+
+def unit_rows(X: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit Euclidean norm (zero rows stay zero).
+
+    A row whose norm overflows (entries near the float64 limit, 1e308) or
+    underflows is first divided by its largest absolute entry.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    with np.errstate(over="ignore", under="ignore"):
+        norms = np.linalg.norm(X, axis=1, keepdims=True)
+    bad = ~np.isfinite(norms[:, 0]) | ((norms[:, 0] == 0) & np.any(X != 0, axis=1))
+    if bad.any():
+        X = X.copy()
+        X[bad] /= np.abs(X[bad]).max(axis=1, keepdims=True)
+        norms[bad] = np.linalg.norm(X[bad], axis=1, keepdims=True)
+    return X / np.where(norms > 0, norms, 1.0)
 
 
 @dataclass(frozen=True)
@@ -53,8 +70,6 @@ class InputTransform:
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
         """The network inputs for raw inputs ``X`` (a new array)."""
-        from .datasets import unit_rows
-
         X = as_matrix("X", X)
         if self.standardize:
             if X.shape[1] != self.peak.shape[0]:

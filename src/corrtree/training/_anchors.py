@@ -24,8 +24,9 @@ import numpy as np
 from numba import njit, prange
 
 from .. import _config
-from ._pairs import firing_csr, materialize
+from ._pairs import materialize
 from ._pool import BETA, CNT, LEAF_ERR, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP, Pool
+from ._sparse import firing_csr
 
 __all__ = [
     "BandState",

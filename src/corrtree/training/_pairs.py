@@ -35,7 +35,6 @@ __all__ = [
     "dot_row",
     "eval_ever",
     "evaluate_neuron",
-    "firing_csr",
     "flip",
     "form_move",
     "forward",
@@ -589,23 +588,3 @@ def materialize(out, rows, X, seg, pool, a, E, eta_s):
             for i in range(d):
                 out[k, i] -= c * X[j, i]
             q += 1
-
-
-@njit(cache=True, parallel=True)
-def firing_csr(seg, pool, n):
-    """r-major CSR of the current fire sets, indices sorted; the neurons in parallel."""
-    ej, fire = pool.j, pool.fire
-    m = seg.shape[0]
-    indptr = np.zeros(m + 1, dtype=np.int64)
-    for r in range(m):
-        indptr[r + 1] = indptr[r] + seg[r, NFIRE]
-    idx = np.empty(indptr[m], dtype=np.int64)
-    for r in prange(m):
-        pos = indptr[r]
-        s0 = seg[r, START]
-        for q in range(s0, s0 + seg[r, CNT]):
-            if fire[q]:
-                idx[pos] = ej[q]
-                pos += 1
-        idx[indptr[r] : indptr[r + 1]].sort()
-    return indptr, idx

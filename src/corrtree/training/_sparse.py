@@ -10,8 +10,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ._pool import CNT, NFIRE, START
+
 __all__ = [
     "count_changed",
+    "firing_csr",
     "keys_to_csr",
     "outputs_from_products",
     "stepped_rows",
@@ -114,3 +117,23 @@ def stepped_rows(base, rows, indptr_r, idx_r, X, a, err, step):
             for q in range(d):
                 out[k, q] -= c * X[i, q]
     return out
+
+
+@njit(cache=True, parallel=True)
+def firing_csr(seg, pool, n):
+    """r-major CSR of the current fire sets, indices sorted; the neurons in parallel."""
+    ej, fire = pool.j, pool.fire
+    m = seg.shape[0]
+    indptr = np.zeros(m + 1, dtype=np.int64)
+    for r in range(m):
+        indptr[r + 1] = indptr[r] + seg[r, NFIRE]
+    idx = np.empty(indptr[m], dtype=np.int64)
+    for r in prange(m):
+        pos = indptr[r]
+        s0 = seg[r, START]
+        for q in range(s0, s0 + seg[r, CNT]):
+            if fire[q]:
+                idx[pos] = ej[q]
+                pos += 1
+        idx[indptr[r] : indptr[r + 1]].sort()
+    return indptr, idx

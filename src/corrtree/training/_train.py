@@ -20,6 +20,7 @@ from .._io import remove_stale_temporaries
 from .._validation import as_matrix, check_memory, widest_fitting
 from ..model import TwoLayerReLU, as_targets
 from ._base import Trainer
+from ._loop import STOP_SIGNALS, Run, TrainingDiverged, check_divergence, check_eval_set
 from ._registry import METHODS, TRAINERS
 from ._state import CheckpointError
 from ._warmup import WARM_METHODS, Warmup, ensure
@@ -27,26 +28,9 @@ from .band import BandTrainer
 from .checkpoint import FORMAT, data_digest, load_checkpoint, read_manifest, save_checkpoint
 from .costs import coherence, estimate, fire_share, memory_need
 from .history import History
-from .optim import SGD, Optimizer
+from .optim import SGD
 
 __all__ = ["METHODS", "TrainingDiverged", "Warmup", "resume", "train", "warmup"]
-
-#: Signals that stop a run with a checkpoint after the current iteration.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss became non-finite or exploded: the learning rate is too large.
-
-    Attributes
-    ----------
-    lr : float
-        The learning rate of the run that diverged.
-    """
-
-    def __init__(self, message: str, lr: float) -> None:
-        super().__init__(message)
-        self.lr = lr
 
 
 def _check_lr(lr: object) -> float | str:
@@ -207,7 +191,7 @@ def train(
         iters = epochs * -(-X.shape[0] // min(batch_size or X.shape[0], X.shape[0]))
     iters = 100 if iters is None else _check_iters(iters)
     if eval_set is not None:
-        eval_set = _check_eval_set(model, eval_set)
+        eval_set = check_eval_set(model, eval_set)
     if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
         raise ValueError(f"patience must be an integer >= 1, got {patience!r}")
     checkpoint_every = _check_iters(checkpoint_every, "checkpoint_every")
@@ -466,66 +450,6 @@ def resume(
     return model, _run(model, trainer, hist, meta, callback, checkpoint or path, run)
 
 
-class Run:
-    """The optimizer of a run and its held-out data: what the one-process loop and
-    the sharded one (:mod:`corrtree.distributed`) share."""
-
-    def __init__(self, sgd: SGD, eval_set: tuple[np.ndarray, np.ndarray] | None) -> None:
-        self.sgd, self.eval_set = sgd, eval_set
-
-    def start(self, model: TwoLayerReLU, hist: History, meta: dict[str, Any], n: int) -> Optimizer:
-        """The :class:`Optimizer` at step ``len(hist)`` (its state from ``meta`` on resume)."""
-        if self.eval_set is not None:
-            self.eval_set = _check_eval_set(model, self.eval_set)
-            hist.info["test_points"] = self.eval_set[0].shape[0]
-        self.opt = Optimizer(self.sgd, n, hist.lr, meta["iters"])
-        if "optimizer" in meta:
-            try:
-                self.opt.restore(meta["optimizer"])
-            except (AttributeError, ValueError) as exc:
-                raise CheckpointError(
-                    f"the checkpoint's optimizer state is damaged ({exc})"
-                ) from None
-        hist.info["steps_per_epoch"] = self.opt.per_epoch
-        hist.info["batch_size"] = self.opt.size
-        self.records = self.opt.size < n or self.eval_set is not None
-        return self.opt
-
-    def end_step(
-        self,
-        hist: History,
-        t: int,
-        outputs: Callable[[], np.ndarray],
-        outputs_at: Callable[[np.ndarray], np.ndarray],
-        Y: np.ndarray,
-        meta: dict[str, Any],
-    ) -> None:
-        """After step ``t``: the epoch's losses if it ended one, the divergence check,
-        and the optimizer's state into ``meta`` (for checkpoints)."""
-        meta["optimizer"] = self.opt.state()
-        if self.records and self.opt.ends_epoch(t):
-            t0 = time.perf_counter()
-            hist.epoch_loss.append(_half_sq(outputs() - Y))
-            test = math.nan
-            if self.eval_set is not None:
-                Xv, Yv = self.eval_set
-                test = _half_sq(outputs_at(Xv) - Yv)
-            hist.epoch_test_loss.append(test)
-            hist.info["eval_s"] = hist.info.get("eval_s", 0.0) + time.perf_counter() - t0
-        check_divergence(hist, hist.lr, meta["patience"])
-
-
-def _half_sq(err: np.ndarray) -> float:
-    return 0.5 * float(np.einsum("ik,ik->", err, err))
-
-
-def _check_eval_set(model: TwoLayerReLU, eval_set: Any) -> tuple[np.ndarray, np.ndarray]:
-    if not isinstance(eval_set, tuple | list) or len(eval_set) != 2:
-        raise ValueError("eval_set must be a pair (X, y)")
-    Xv = model.check_X(eval_set[0])
-    return Xv, as_targets(eval_set[1], Xv.shape[0], model.outputs)
-
-
 def _run(
     model: TwoLayerReLU,
     trainer: Trainer,
@@ -586,44 +510,3 @@ def write_weights(model: TwoLayerReLU, trainer: Trainer) -> None:
     block = _config.block_rows(8 * model.d, model.m, _config.WEIGHTS_BLOCK_BYTES)
     for s in range(0, model.m, block):
         trainer.write_weights(s, model._writable_rows(s, min(s + block, model.m)))
-
-
-def check_divergence(hist: History, lr: float, patience: int) -> None:
-    """Raise :class:`TrainingDiverged` if the run's losses are not finite, exploded, or
-    grew ``patience`` times in a row.  Full batch: the loss of every iteration and the
-    final one, once known.  Mini-batches: the batch losses for the first two rules
-    (they rise and fall with the batches), the losses of the epochs for all three."""
-    final = [] if math.isnan(hist.final_loss) else [hist.final_loss]
-    if hist.info.get("steps_per_epoch", 1) > 1:
-        _diverged(hist.loss, len(hist), lr, None, "step")
-        _diverged(hist.epoch_loss, len(hist.epoch_loss), lr, patience, "epoch")
-    else:
-        _diverged([*hist.loss, *final], len(hist), lr, patience, "iteration")
-
-
-def _diverged(losses: list[float], done: int, lr: float, patience: int | None, unit: str) -> None:
-    if not losses:
-        return
-    t = len(losses) - 1
-    loss = losses[t]
-    where = f"at {unit} {t}" if t < done else "after the last iteration"
-    if not math.isfinite(loss):
-        raise TrainingDiverged(f"loss is {loss} {where} with lr={lr:.6g}; use a smaller lr", lr)
-    if loss > _config.DIVERGED_GROWTH * max(losses[0], 1e-300):
-        raise TrainingDiverged(
-            f"loss exploded from {losses[0]:.6g} to {loss:.6g} {where} with lr={lr:.6g}; "
-            "use a smaller lr",
-            lr,
-        )
-    if patience is None:
-        return
-    # growth below 1e-20 of the initial loss is rounding noise, not divergence
-    growing = 0
-    while growing < t and losses[t - growing] > losses[t - growing - 1] > 1e-20 * losses[0]:
-        growing += 1
-    if growing >= patience:
-        raise TrainingDiverged(
-            f"loss grew {patience} {unit}s in a row, to {loss:.6g}, {where} "
-            f"with lr={lr:.6g}; use a smaller lr",
-            lr,
-        )

@@ -1,0 +1,130 @@
+"""The kernel trainer's keys and clocks: when a neuron's certificate may expire, on
+the global clock ``P`` or on its own (``docs/design.md``, "The kernel trainer")."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from .. import _config
+from ._pairs import (
+    by_data,
+    dot_row,
+    sigma,
+    trace_sigma,
+)
+from ._pool import BETA, CNT, DRIFT, KEY, MINKEY, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP
+
+__all__ = ["anchor_keys", "entry_key", "heap_key", "lookahead", "own_clocks", "sigma_of"]
+
+_ROUND_UP = _config.ROUND_UP
+_U64 = _config.U64
+_EVALUATE_CHUNKS = _config.EVALUATE_CHUNKS
+
+
+@njit(cache=True, inline="always")
+def sigma_of(r, seg, nf, pool, G, xnorm, d, scatter):
+    """``σ_r`` (``nf[r, SIGMA]``), computed if unknown: :func:`~._pairs.trace_sigma` for a
+    neuron whose values come from the data (:func:`~._pairs.by_data`), else the
+    Gershgorin bound :func:`~._pairs.sigma`."""
+    if nf[r, SIGMA] == SIGMA_UNKNOWN:
+        if by_data(d, seg[r, SUPP], scatter):
+            nf[r, SIGMA] = trace_sigma(r, seg, pool, xnorm)
+        else:
+            nf[r, SIGMA] = sigma(r, seg, pool, G)
+    return nf[r, SIGMA]
+
+
+@njit(cache=True, inline="always")
+def heap_key(r, nf, anchor_drift, R, P, per_p):
+    """The value of ``P`` at which the drift of ``r`` may first reach the smallest key of
+    its entries (``nf[r, MINKEY]``) or its band (``β/R`` past ``anchor_drift[r]``): the
+    drift grows at most ``per_p·σ_r`` per unit of ``P``."""
+    drift = nf[r, DRIFT]
+    slack = min(nf[r, MINKEY] - drift, nf[r, BETA] / R - (drift - anchor_drift[r]))
+    rate = per_p * nf[r, SIGMA]
+    return P + max(slack, 0.0) / rate if rate > 0 else np.inf
+
+
+@njit(cache=True, inline="always")
+def entry_key(drift, v, b, xn):
+    """The drift at which an entry of value ``v`` at drift ``drift`` may reach ``b``."""
+    return drift + abs(v - b) / xn if xn > 0 else np.inf
+
+
+@njit(cache=True, parallel=True)
+def anchor_keys(rows, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, anchor_drift, res_drift):
+    """Keys of freshly anchored neurons ``rows`` (all values current): every entry's, the
+    neuron's (:func:`heap_key`), ``anchor_drift[r]``, its drift now, and ``res_drift[r] =
+    0``: no residual move since the anchor yet."""
+    ej, val, key = pool.j, pool.val, pool.key
+    for k in prange(rows.shape[0]):
+        r = rows[k]
+        drift = nf[r, DRIFT]
+        best = np.inf
+        s0 = seg[r, START]
+        for q in range(s0, s0 + seg[r, CNT]):
+            key[q] = entry_key(drift, val[q], b, xnorm[ej[q]])
+            best = min(best, key[q])
+        nf[r, MINKEY] = best
+        anchor_drift[r] = drift
+        res_drift[r] = 0.0
+        sigma_of(r, seg, nf, pool, G, xnorm, d, scatter)
+        nf[r, KEY] = heap_key(r, nf, anchor_drift, R, P, per_p)
+
+
+@njit(cache=True, parallel=True)
+def own_clocks(seg, nf, pool, a, err, xnorm, eta_s, cert, R, anchor_drift, clock, due):
+    """Advance every neuron's own clock by a bound on its step under the error ``err``,
+    and mark in ``due`` the neurons it may have brought to an entry's key or to their band.
+
+    While the fire set ``S`` of ``r`` is constant its step ``eta_s·Σ_{l ∈ S} e_l x_l``,
+    ``e_l = <a_r, err_l>``, has norm at most ``eta_s·min(σ_r·||e_S||, Σ_S |e_l|·||x_l||)``
+    (Cauchy–Schwarz, the triangle inequality): the errors on the neuron's own fire set,
+    where the global clock ``P`` can only use ``sqrt(K)·||err||_F``.  ``clock[r]``, the
+    drift at the last visit plus these bounds since (``cert`` times, with their
+    rounding), bounds the drift the neuron may have reached; it is due once that reaches
+    ``nf[r, MINKEY]`` or ``anchor_drift[r] + β/R`` (always, while ``clock[r]`` is
+    infinite).  O(fired pairs·K).
+    """
+    ej, fire = pool.j, pool.fire
+    m = seg.shape[0]
+    chunks = min(m, _EVALUATE_CHUNKS)
+    for c in prange(chunks):
+        for r in range(c * m // chunks, (c + 1) * m // chunks):
+            if seg[r, NFIRE]:
+                s0 = seg[r, START]
+                ns = seg[r, SUPP]
+                sq = 0.0
+                tri = 0.0
+                for q in range(s0, s0 + ns):
+                    if fire[q]:
+                        j = ej[q]
+                        e = dot_row(a, r, err, j)
+                        sq += e * e
+                        tri += abs(e) * xnorm[j]
+                step = tri
+                if nf[r, SIGMA] >= 0.0:
+                    step = min(step, nf[r, SIGMA] * math.sqrt(sq))
+                clock[r] += cert * eta_s * step * (1.0 + (ns + 4) * _U64) * _ROUND_UP
+            due[r] = clock[r] >= min(nf[r, MINKEY], anchor_drift[r] + nf[r, BETA] / R)
+
+
+def lookahead(after: float, before: float) -> float:
+    """How far, in steps like the last, a neuron is still expected to move: ``ρ/(1 - ρ)``
+    with ``ρ = after/before`` the contraction of the error norm by this step (before its
+    flips), or 0 when ``ρ`` exceeds :data:`~corrtree._config.LOOKAHEAD_CONTRACTION`.
+
+    On isotropic data with ``lr = 1/λ_max`` the error shrinks 3-5 times a step, so a
+    neuron's first step is most of its whole path (W4: the first step takes 0.8 of the
+    band, the whole path 1.3): a visit that finds its step, plus what is still to come,
+    beyond its band re-anchors it at once, without computing the values the
+    re-anchoring recomputes, and the fresh anchor then holds to the end instead of being
+    replaced one step later.  Only the time of a re-anchoring changes, not the result.
+    """
+    if not before > 0 or not after < _config.LOOKAHEAD_CONTRACTION * before:
+        return 0.0
+    rho = after / before
+    return rho / (1.0 - rho)

@@ -1,0 +1,340 @@
+"""The kernel trainer's visit: a neuron whose key has passed brought to the current
+time (``docs/design.md``, "The kernel trainer")."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from .. import _config
+from ._clocks import entry_key, heap_key, sigma_of
+from ._pairs import (
+    by_data,
+    coef,
+    data_dot,
+    eval_ever,
+    eval_ever_data,
+    flip,
+    form_move,
+    gram_block,
+    move_norm,
+    needs_reanchor,
+    safe_norm,
+)
+from ._pool import BETA, CNT, DRIFT, KEY, MINKEY, SIGMA, SIGMA_UNKNOWN, START, SUPP
+
+__all__ = ["visit", "visit_few", "visit_rows"]
+
+_ROUND_UP = _config.ROUND_UP
+_U64 = _config.U64
+_EVALUATE_CHUNKS = _config.EVALUATE_CHUNKS
+
+
+@njit(cache=True, inline="always")
+def _screened_gap(uref, fire, zc, z, xn, b, residual, slack):
+    """How far beyond ``b``, on the side ``fire`` says, a value ``uref - <zc, z>`` within
+    ``residual`` plus ``slack = (δ·||dc||_1, unit rounding, ||dc||_1·max ||x_l||)`` of
+    its exact Gram sum must lie (:func:`visit`'s screen); 0 if it may not be there, or
+    if ``||x_j|| = xn`` is 0.  O(k)."""
+    zp = 0.0
+    for t in range(zc.shape[0]):
+        zp += zc[t] * z[t]
+    fixed, unit, scale = slack
+    margin = (residual + fixed + unit * (scale * xn + abs(uref) + abs(zp))) * _ROUND_UP
+    side = uref - zp - b
+    gap = side - margin if fire else -side - margin
+    return gap if gap > 0.0 and xn > 0 else 0.0
+
+
+@njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
+def visit(
+    r, seg, nf, pool, scratch, due_at, a, E, G, X, xnorm, parts, eta_s, b, R, cert, scatter,
+    gram_cost, dw, dws, zw, zc, anchor_drift, res_drift, full, ahead, f_j, f_v, f_on, fpos,
+):  # fmt: skip
+    """Bring neuron ``r``, whose key has passed, to the current time (kernel trainer).
+
+    Since its last visit its fire set ``S`` is constant, so it moved by exactly ``Σ_l dl_l
+    x_l`` over its ever-fired pairs (``dl = C - clast``; ``clast`` becomes ``C``): at most
+    ``s·||dl_S|| + Σ_{l ∉ S} |dl_l|·||x_l||`` (the second term is rounding: a frozen
+    coefficient does not change), with ``s·||dl_S||`` the smaller of ``σ_r·||dl_S||`` and,
+    with ``parts = (Z, residual norms, ρ)`` of :func:`principal_parts`, ``||Σ_S dl_l z_l|| +
+    min(ρ, ||residuals_S||)·||dl_S||`` (O(|prefix|·k): on coherent data the principal part
+    carries most of the move, and it is exact); that bound, times ``cert`` and its rounding,
+    is what the drift ``D_r`` gains, unless most of its entries would then be due: those
+    visits compute every value anyway, and the exact step ``||Σ_l dl_l x_l||`` too (formed
+    from the data in O(d·|prefix|), or ``dlᵀ G dl``), which the drift gains if smaller (on
+    incoherent data, while nearly every pair is due, it is several times smaller). Every
+    entry, firing or not, keeps a key ``D + |v - b|/||x_j||`` from its last evaluation at
+    drift ``D`` with value ``v``: only the entries whose key ``D_r`` reached are evaluated,
+    by the Gram identity ``uref - Σ_l dc_l G[l, j]`` (``dc = C - cref``, |prefix| reads; all
+    of them in one pass over the prefix's rows of G, :func:`~._pairs.gram_block`) or, when
+    ``gram_cost`` reads a value cost more, from the move ``Σ_l dc_l x_l`` formed once.
+    With principal directions, a due entry is first screened in O(k): its value is
+    ``uref - <Σ_l dc_l z_l, z_j>`` within ``res_drift[r]·g_j`` (:func:`principal_parts`;
+    ``res_drift`` sums the bounds on the residual part of each step since the anchor,
+    ``zc`` holds ``Σ_l dc_l z_l``), and an entry that stays on its side by more than that
+    and the rounding of both ways is not evaluated: its key becomes the drift plus that
+    margin over ``||x_j||``.  Only the entries that may flip, or whose side is in doubt,
+    are evaluated; the fire flags are the same.
+    Flips are applied and recorded from ``fpos`` on (if ``f_j`` is non-empty).
+
+    The distance from the anchor is at most ``D_r - anchor_drift[r]``; once that
+    may reach the band ``β/R`` (or if ``full``, or most entries are due), every ever-fired
+    value and the exact distance are computed (:func:`~._pairs.eval_ever`,
+    :func:`~._pairs.eval_ever_data`), ``anchor_drift`` is reset from them, and the neuron
+    is re-anchored if the band is exceeded (its other entries are then left to the
+    re-anchoring), or would be after ``ahead`` more steps like this one
+    (:func:`lookahead`).  From the data, unless ``full``, the distance is the norm of the
+    move formed (:func:`~._pairs.move_norm`) and only the due values are computed, when
+    they cost less than the ``|prefix|·d`` of all the ever-fired ones (W4: ``|prefix|``
+    reads of G against 784 flops a value; the iterations 1-3 of W4 at m = 2^16 1.3×
+    faster).  On the first visit since the anchor the step is that distance: a neuron
+    re-anchored then computes no value.  Returns
+    ``(fpos + #flips, #values computed, whether to re-anchor)``; the values, keys
+    and ``nf[r, MINKEY]`` (over all entries) are current.  O(|prefix|·K + the
+    evaluated values).
+    """
+    ej, uref, val, key, fire, clast, cref, kappa = (
+        pool.j, pool.uref, pool.val, pool.key, pool.fire, pool.clast, pool.cref, pool.kappa
+    )  # fmt: skip
+    record = f_j.shape[0] > 0
+    first = fpos
+    d = X.shape[1]
+    s0 = seg[r, START]
+    ns = seg[r, SUPP]
+    end = s0 + seg[r, CNT]
+    sig = sigma_of(r, seg, nf, pool, G, xnorm, d, scatter)
+    Z, resid, rho, gres, rho_g, delta = parts
+    k = Z.shape[1]
+    dc, dls = scratch[0], scratch[1]
+    zw[:] = 0.0
+    zc[:] = 0.0
+    sq = 0.0
+    sq_all = 0.0
+    off = 0.0
+    res2 = 0.0
+    gres2 = 0.0
+    l1 = 0.0
+    l1_all = 0.0
+    l1_c = 0.0
+    xmax = 0.0
+    xall = 0.0
+    unvisited = True  # clast = cref: the step since the last visit is the move since the anchor
+    for q in range(s0, s0 + ns):
+        c = coef(q, r, kappa, fire, ej, a, E, eta_s)
+        unvisited &= clast[q] == cref[q]
+        dl = c - clast[q]
+        dls[q - s0] = dl
+        l1_all += abs(dl)
+        sq_all += dl * dl
+        j = ej[q]
+        xall = max(xall, xnorm[j])
+        if fire[q]:
+            sq += dl * dl
+            res2 += resid[j] * resid[j]
+            l1 += abs(dl)
+            xmax = max(xmax, xnorm[j])
+            for t in range(k):
+                zw[t] += dl * Z[j, t]
+        else:
+            off += abs(dl) * xnorm[j]
+        clast[q] = c
+        dcq = c - cref[q]
+        dc[q - s0] = dcq
+        l1_c += abs(dcq)
+        if k:
+            gres2 += gres[j] * gres[j]
+    proj = 0.0
+    for t in range(k):
+        proj += zw[t] * zw[t]
+    # Σ dl z in float64 errs by at most (|S| + k)·2⁻⁵³·Σ|dl|·max ||x||
+    proj = math.sqrt(proj) + (ns + k + 4) * _U64 * l1 * xmax
+    norm_dl = math.sqrt(sq)
+    split = proj + min(rho, math.sqrt(res2)) * norm_dl
+    move = (min(sig * norm_dl, split) + off) * (1.0 + (ns + 4) * _U64) * _ROUND_UP
+    drift = nf[r, DRIFT] + cert * move
+    if k:  # the residual part of this step, in the G_res + δI norm (principal_parts)
+        step_res = min(rho_g, math.sqrt(gres2)) * math.sqrt(sq_all)
+        res_drift[r] += cert * step_res * (1.0 + (ns + 4) * _U64) * _ROUND_UP
+    # a screened value errs by the residual part, δ·||dc||_1 and the rounding of both ways
+    res_now = res_drift[r]
+    slack = (delta * l1_c, 2.0 * (ns + k + 4) * _U64, l1_c * xall)
+    exact = np.inf
+    due = 0
+    if drift >= nf[r, MINKEY]:  # else no entry is due (MINKEY is their smallest key)
+        for q in range(s0, end):
+            if key[q] <= drift:
+                due += 1
+    if k and due:  # the screen's centre, Σ dc_l z_l: only a visit with due entries needs it
+        for p in range(ns):
+            dcq = dc[p]
+            zj = Z[ej[s0 + p]]
+            for t in range(k):
+                zc[t] += dcq * zj[t]
+    fresh = full or (drift - anchor_drift[r]) * R >= nf[r, BETA]
+    data = by_data(d, ns, scatter)
+    if fresh or 2 * due >= end - s0:  # most values are due: all of them, and the exact step
+        fresh = True
+        if data:  # ||Σ dl_l x_l||, formed; it errs by at most (|P| + d)·2⁻⁵³·Σ|dl|·max ||x||
+            form_move(dws, X, ej, dls, s0, s0 + ns)
+            sqx = 0.0
+            for t in range(d):
+                sqx += dws[t] * dws[t]
+            exact = (math.sqrt(sqx) + 4.0 * (ns + d + 4) * _U64 * l1_all * xall) * _ROUND_UP
+        else:  # dlᵀ G dl, |P|² reads
+            sqx = 0.0
+            gmax = 0.0
+            for p in range(ns):
+                jp = ej[s0 + p]
+                gmax = max(gmax, G[jp, jp])
+                for p2 in range(ns):
+                    sqx += dls[p] * dls[p2] * G[jp, ej[s0 + p2]]
+            exact = safe_norm(sqx, l1_all, gmax)
+        drift = nf[r, DRIFT] + cert * min(move, exact)
+    nf[r, DRIFT] = drift
+    evaluated = 0
+    again = False
+    skip = fresh and unvisited and needs_reanchor(r, nf, exact * (1.0 + ahead), R)
+    ever = False  # whether every ever-fired value is current
+    if skip:  # its step is its distance from the anchor: re-anchored, no values needed
+        again = True
+    elif fresh:  # the exact distance from the anchor
+        # from the data, the move formed and the due values only, while cheaper than
+        # every ever-fired value (W4: 2·|prefix| against 784 a value)
+        lite = data and not full and due * min(d, gram_cost * ns) < ns * d
+        if data and unvisited:  # the move since the anchor is the step, just formed in dws
+            dw[:] = dws
+        if lite:
+            if not unvisited:
+                form_move(dw, X, ej, dc, s0, s0 + ns)
+            since = move_norm(dw, l1_c, xall, ns)
+        elif data:
+            since, _ = eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw, unvisited)
+        else:
+            since, _ = eval_ever(r, seg, pool, scratch, a, E, G, eta_s, False)
+        ever = not lite
+        if ever:
+            evaluated = ns
+        anchor_drift[r] = drift - cert * since
+        again = needs_reanchor(r, nf, since + ahead * exact, R)
+        if lite:
+            skip = again  # the re-anchoring recomputes every value
+            data = ns * gram_cost > d  # the due values: from the move, or from G
+    else:
+        data = due * ns * gram_cost > (ns + due) * d
+    best = np.inf
+    stop = s0 if skip else s0 + ns if again else end  # re-anchoring recomputes the others
+    if not (fresh or due):  # nothing to evaluate: the keys, and their minimum, stand
+        stop = s0
+        best = nf[r, MINKEY]
+    # the due values (and the ever-fired ones, unless current): screened first, the
+    # rest computed together, before any flip moves an entry
+    count = 0
+    for q in range(s0 + ns if ever else s0, stop):
+        if key[q] <= drift:
+            j = ej[q]
+            if k:
+                gap = _screened_gap(
+                    uref[q], fire[q], zc, Z[j], xnorm[j], b, res_now * gres[j], slack
+                )
+                if gap > 0.0:  # on its side, unless rounding keeps it due
+                    later = drift + gap / xnorm[j]
+                    if later > drift:
+                        key[q] = later
+                        continue
+            due_at[0, count] = q
+            due_at[1, count] = j
+            count += 1
+    if count:
+        evaluated += count
+        values = scratch[2]
+        if data:
+            if not fresh:  # a fresh visit formed the move since the anchor in dw
+                form_move(dw, X, ej, dc, s0, s0 + ns)
+            for t in range(count):
+                values[t] = data_dot(X, due_at[1, t], dw)
+        else:
+            gram_block(G, ej, dc, s0, ns, due_at[1], count, values)
+        for t in range(count):
+            q = due_at[0, t]
+            val[q] = uref[q] - values[t]
+    for q in range(s0, stop):  # increasing order: a pair turned on moves below q (flip)
+        if (ever and q < s0 + ns) or key[q] <= drift:
+            v = val[q]
+            now = v >= b
+            pos = q
+            if now != fire[q]:
+                if record:
+                    f_j[fpos], f_v[fpos], f_on[fpos] = ej[q], v, now
+                fpos += 1
+                pos = flip(r, q, seg, pool, a, E, eta_s, now)
+            key[pos] = entry_key(drift, v, b, xnorm[ej[pos]])
+            best = min(best, key[pos])
+        else:
+            best = min(best, key[q])
+    nf[r, MINKEY] = best
+    if fpos > first:  # the fire set changed
+        nf[r, SIGMA] = SIGMA_UNKNOWN
+        sigma_of(r, seg, nf, pool, G, xnorm, d, scatter)
+    return fpos, evaluated, again
+
+
+@njit(cache=True)
+def _visit_range(
+    rows, lo, hi, seg, nf, pool, a, E, G, X, xnorm, parts, eta_s, b, R, cert, scatter,
+    gram_cost, anchor_drift, res_drift, full, ahead, P, per_p, fbuf, f_j, f_v, f_on, nflips, nevals,
+    again,
+):  # fmt: skip
+    """:func:`visit` for ``rows[lo:hi]`` on this thread, with its own scratch vectors;
+    each gets its new key (:func:`heap_key`) unless it must be re-anchored
+    (``again[k]``).  The flips of ``rows[k]`` are recorded at ``f_*[fbuf[k]:]``
+    (when ``f_j`` is non-empty)."""
+    record = f_j.shape[0] > 0
+    dw = np.empty(X.shape[1])
+    dws = np.empty(X.shape[1])
+    zw = np.empty(parts[0].shape[1])
+    zc = np.empty(parts[0].shape[1])
+    scratch = np.empty((3, G.shape[0]))
+    due_at = np.empty((2, G.shape[0]), dtype=np.int64)  # the due entries, their points
+    for k in range(lo, hi):
+        r = rows[k]
+        start = fbuf[k] if record else 0
+        pos, nevals[k], again[k] = visit(
+            r, seg, nf, pool, scratch, due_at, a, E, G, X, xnorm, parts, eta_s, b, R, cert,
+            scatter, gram_cost, dw, dws, zw, zc, anchor_drift, res_drift, full, ahead, f_j, f_v,
+            f_on, start,
+        )  # fmt: skip
+        nflips[k] = pos - start
+        if not again[k]:
+            nf[r, KEY] = heap_key(r, nf, anchor_drift, R, P, per_p)
+
+
+@njit(cache=True, parallel=True)
+def visit_rows(
+    rows, seg, nf, pool, a, E, G, X, xnorm, parts, eta_s, b, R, cert, scatter, gram_cost,
+    anchor_drift, res_drift, full, ahead, P, per_p, fbuf, f_j, f_v, f_on, nflips, nevals, again,
+):  # fmt: skip
+    """:func:`_visit_range` for every neuron of ``rows``, in parallel chunks."""
+    nrows = rows.shape[0]
+    chunks = min(nrows, _EVALUATE_CHUNKS)
+    for c in prange(chunks):
+        _visit_range(
+            rows, c * nrows // chunks, (c + 1) * nrows // chunks, seg, nf, pool, a, E, G, X,
+            xnorm, parts, eta_s, b, R, cert, scatter, gram_cost, anchor_drift, res_drift, full,
+            ahead, P, per_p, fbuf, f_j, f_v, f_on, nflips, nevals, again,
+        )  # fmt: skip
+
+
+@njit(cache=True)
+def visit_few(
+    rows, seg, nf, pool, a, E, G, X, xnorm, parts, eta_s, b, R, cert, scatter, gram_cost,
+    anchor_drift, res_drift, full, ahead, P, per_p, fbuf, f_j, f_v, f_on, nflips, nevals, again,
+):  # fmt: skip
+    """:func:`visit_rows` on the calling thread, for a few rows (the same results)."""
+    _visit_range(
+        rows, 0, rows.shape[0], seg, nf, pool, a, E, G, X, xnorm, parts, eta_s, b, R, cert,
+        scatter, gram_cost, anchor_drift, res_drift, full, ahead, P, per_p, fbuf, f_j, f_v, f_on,
+        nflips, nevals, again,
+    )  # fmt: skip
