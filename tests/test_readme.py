@@ -63,3 +63,22 @@ def test_cli_examples(script, tmp_path):
 def test_examples_exist():
     assert len(_blocks("python", "example")) >= 3
     assert len(_blocks("bash", "cli-example")) >= 1
+
+
+def test_readme_is_for_users():
+    """At most 300 lines, no commit hashes or history, and its results table and
+    ``benchmarks/README.md`` are what ``benchmarks/tables.py`` makes of the JSON."""
+    import importlib.util
+
+    assert len(README.splitlines()) <= 300
+    for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"\b(at|since) [0-9a-f]{7,40}\b", text), path
+        assert "since the run before" not in text.lower(), path
+    spec = importlib.util.spec_from_file_location("tables", ROOT / "benchmarks" / "tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    results = str(ROOT / "benchmarks" / "results")
+    assert tables.with_results(README, tables.results_table(results, "large")) == README
+    bench = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    assert bench == tables.benchmarks_readme(results, "large")

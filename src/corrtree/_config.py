@@ -40,8 +40,9 @@ ANCHOR_BLOCK_BYTES = 128 * 2**20
 #: Exact rows recomputed at once when neurons are re-anchored.  Few large blocks: each
 #: block's GEMM is followed by numba scans, and OpenBLAS's threads spin ~0.1 s after a
 #: call unless ``OPENBLAS_THREAD_TIMEOUT`` was set before numpy loaded (``_threads``),
-#: taking a core from those scans (W4's data, m = 2^16, every neuron: 11.6 s in blocks
-#: of 16 MiB, 5.3 s in blocks of 128 MiB; 5.8-6.2 and 5.1-5.5 s with the short spin).
+#: taking a core from those scans (W4's data, m = 2^16, every neuron re-anchored: blocks
+#: of 128 MiB take half the time of blocks of 16 MiB, and about 10% less with the short
+#: spin).
 REANCHOR_BLOCK_BYTES = 128 * 2**20
 #: A float64 GEMM does about this many flops in the time a kernel streams one
 #: element of a row of G: a re-anchored row is ``W(t)[r]·Xᵀ`` (2dn/this, after
@@ -147,9 +148,9 @@ HEAP_BULK_DIV = 16
 #: the band trainers' pair values read G or rebuild the Gram sums from X, whichever
 #: is cheaper by this exchange rate (:func:`scatter_cost`).
 SCATTER_COST = 50.0
-#: The same once G is too large for the cache (a miss to memory): measured on the
-#: n = 4096 sphere (G: 128 MiB), the kernel trainer's whole run drops from 100 s
-#: to 76 s against the rate above; on W2 (32 MiB) the two rates are even.
+#: The same once G is too large for the cache (a miss to memory): on the n = 4096
+#: sphere (G: 128 MiB) the kernel trainer's whole run is 1.3× faster with this rate than
+#: with the one above; on W2 (32 MiB) the two rates give the same time.
 SCATTER_COST_FAR = 200.0
 #: The kernel trainer evaluates a neuron's due pairs from the data (the move, then a
 #: dot product each: ``(|prefix| + due)·d`` flops) when the Gram identity's
