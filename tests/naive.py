@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from corrtree.training._pool import START, SUPP
+
 
 def products(X: np.ndarray, W: np.ndarray) -> np.ndarray:
     """``U[r, i] = <w_r, x_i>``, one dot product at a time (no BLAS blocking)."""
@@ -98,7 +100,7 @@ def coefficients(seg, pool, a, E, eta_s, m, n):
     ``kappa`` plus ``eta_s·<a_r, E_j>`` while the pair fires, over the ever-fired prefix."""
     C = np.zeros((m, n))
     for r in range(m):
-        start, supp = seg[r, 0], seg[r, 3]
+        start, supp = seg[r, START], seg[r, SUPP]
         for q in range(start, start + supp):
             c = pool.kappa[q]
             if pool.fire[q]:

@@ -36,6 +36,7 @@ from corrtree.training._pool import (
 )
 from corrtree.training._principal import principal_parts
 from corrtree.training._reanchor import reanchor
+from corrtree.training._records import Drifts, EvalScalars, FlipRecord, RowResults, VisitScalars
 from corrtree.training._sparse import keys_to_csr, stepped_rows
 from corrtree.training._visit import visit_rows
 
@@ -69,29 +70,12 @@ def _evaluate(st, r, scratch, eta_s, f_j, f_v, f_on, scatter=0.0):
     """:func:`_pairs.evaluate_neuron` with the exact step (no error given); values from
     ``G`` (``scatter=0``) or rebuilt from the data (a large ``scatter``).  ``R = 0``:
     no neuron is due for re-anchoring, so every due pair is evaluated."""
+    sc = EvalScalars(eta_s=eta_s, b=st.b, R=0.0, cert=1.0, scatter=scatter)
+    rec = FlipRecord(start=np.zeros(1, dtype=np.int64), j=f_j, value=f_v, on=f_on)
     return _pairs.evaluate_neuron(
-        r,
-        st.seg,
-        st.nf,
-        st.pool.arrays,
-        scratch,
-        st.a,
-        st.E,
-        np.empty((0, st.K)),
-        st.G,
-        st.X,
-        st.xnorm,
-        eta_s,
-        st.b,
-        0.0,
-        1.0,
-        scatter,
-        np.empty(st.X.shape[1]),
-        f_j,
-        f_v,
-        f_on,
-        0,
-    )
+        r, st.seg, st.nf, st.pool.arrays, scratch, st.a, st.E, np.empty((0, st.K)), st.G, st.X,
+        st.xnorm, sc, np.empty(st.X.shape[1]), rec, 0,
+    )  # fmt: skip
 
 
 def _entries(st, r):
@@ -296,7 +280,7 @@ def test_evaluate_neuron_flips_exactly_the_crossed_pairs(scatter):
     eta_s = _perturb(st, rng, scale=0.2)
     C = coefficients(st.seg, st.pool.arrays, st.a, st.E, eta_s, st.m, st.n)
     U = products(st.X, st.W0 - C @ st.X)
-    st.nf[:, 1] = 0.0  # MINKEY: every tracked pair is due
+    st.nf[:, MINKEY] = 0.0  # every tracked pair is due
     scratch = np.empty((2, st.pool.capacity))
     none = np.empty(0, dtype=np.int64)
     total = 0
@@ -321,10 +305,15 @@ def _visit(st, rows, eta_s, parts, anchor_drift, res_drift, full, gram_cost, sca
     f_v, f_on = np.zeros(fbuf[-1]), np.zeros(fbuf[-1], dtype=np.bool_)
     nflips, nevals = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
     again = np.zeros(n, dtype=np.bool_)
+    sc = VisitScalars(
+        eta_s=eta_s, b=st.b, R=1.0, cert=1.0, scatter=scatter, gram_cost=gram_cost,
+        full=full, ahead=0.0, P=0.0, per_p=0.4,
+    )  # fmt: skip
     visit_rows(
-        rows, st.seg, st.nf, st.pool.arrays, st.a, st.E, st.G, st.X, st.xnorm, parts, eta_s,
-        st.b, 1.0, 1.0, scatter, gram_cost, anchor_drift, res_drift, full, 0.0, 0.0, 0.4, fbuf, f_j,
-        f_v, f_on, nflips, nevals, again,
+        rows, st.seg, st.nf, st.pool.arrays, st.a, st.E, st.G, st.X, st.xnorm, parts, sc,
+        Drifts(anchor=anchor_drift, residual=res_drift),
+        FlipRecord(start=fbuf, j=f_j, value=f_v, on=f_on),
+        RowResults(nflips=nflips, nevals=nevals, again=again),
     )  # fmt: skip
     return nflips, nevals, again
 
@@ -433,7 +422,11 @@ def test_own_clocks_bound_each_step_and_mark_the_due(K):
     eta_s, cert = 0.3, 1.5
     before = clock.copy()
     due = np.zeros(st.m, dtype=np.bool_)
-    own_clocks(seg, nf, pool, st.a, err, st.xnorm, eta_s, cert, st.R, anchor_drift, clock, due)
+    sc = VisitScalars(
+        eta_s=eta_s, b=st.b, R=st.R, cert=cert, scatter=0.0, gram_cost=0.0, full=False,
+        ahead=0.0, P=0.0, per_p=0.0,
+    )  # fmt: skip
+    own_clocks(seg, nf, pool, st.a, err, st.xnorm, sc, anchor_drift, clock, due)
     for r in range(st.m):
         e = err[fires[r]] @ st.a[r]
         true = eta_s * np.linalg.norm(e @ st.X[fires[r]])
@@ -565,7 +558,7 @@ def _flips(st, rng):
     eta_s = _perturb(st, rng, scale=0.3)
     scratch = np.empty((2, st.pool.capacity))
     fr, fj, fv, fo = [], [], [], []
-    st.nf[:, 1] = 0.0
+    st.nf[:, MINKEY] = 0.0
     for r in range(st.m):
         cap = st.seg[r, CNT]
         f_j, f_v, f_on = np.empty(cap, np.int64), np.empty(cap), np.empty(cap, np.bool_)

@@ -71,6 +71,9 @@ DENSE_MIN_BLOCK = 64
 #: free memory: they share it with W, the tracked pairs and the preprocessing blocks.
 FLOAT64_ANCHOR_MEMORY_SHARE = 0.25
 
+#: float32 GEMMs re-anchor only rows whose error bound (about 1e-4·||w_r||·R) stays below
+#: this: their products, at most ||w_r||·R, are then far below float32's 3.4e38.
+FLOAT32_SAFE_ERROR = 1e26
 #: Bytes a tracked pair of the band trainers takes in the pool, its spare capacity and
 #: scratch space included (measured: W1 at m = 2^20); the memory check before a run.
 POOL_BYTES_PER_PAIR = 110.0
@@ -169,10 +172,15 @@ PROJECTION_GAIN = 1.1
 #: of the pass, and the global clock visits 1.5-2 times the neurons (W2).
 OWN_CLOCK_ENTER = 0.25
 OWN_CLOCK_LEAVE = 0.05
-#: A flip's write into the kernel trainer's H (its row and column, a cache miss each)
-#: costs about this many of the sequential additions that build H anew (W2, n = 2048:
-#: 4.1e6 writes took 0.17 s, a new H of 9.7e8 additions about 1 s).
-FLIP_WRITE_COST = 40.0
+#: Nanoseconds a flip's write into the kernel trainer's H takes in place (its row and
+#: column, a cache miss each: W2, n = 2048, 4.1e6 writes took 0.17 s): the one price
+#: of that write, for the trainer's choice of how to apply flips and for the cost model.
+FLIP_WRITE_NS = 40.0
+#: Sequential additions per nanosecond (a new H of W2: 9.7e8 additions in about 1 s).
+ADDS_PER_NS = 1.0
+#: A flip's write into H in sequential additions, the unit of the kernel trainer's
+#: choice between the ways of applying flips.
+FLIP_WRITE_COST = FLIP_WRITE_NS * ADDS_PER_NS
 #: The same write along the flipped point's own row of a scratch matrix, the row in
 #: cache while that point's flips write it (:func:`~corrtree.training.kernel.apply_flips_by_rows`;
 #: W2: 4.3e8 writes in 1.7 s, against 2.6e8 in place in 15.5 s).
@@ -218,6 +226,37 @@ NTK_LANCZOS_BASIS = 8
 #: Halvings of ``lr="auto"`` tried by the estimators and the CLI when a run
 #: diverges (``1/λ_max`` assumes fire sets that barely change).
 LR_RETRIES = 4
+
+# -- the cost model behind method="auto" (training/costs.py) --------------------------
+#: float64 GEMM, flop/s.
+BLAS_FLOPS = 5e10
+#: Gathers and scattered updates in numba kernels, per second.
+SPARSE_OPS = 5e8
+#: Streaming element-wise passes over arrays, elements per second.
+STREAM_OPS = 2e9
+#: Values read per reported leaf or updated path in a blocked max tree.
+TREE_VISITS = 16
+#: Vectorized flops per scattered operation when the band kernels rebuild pair values
+#: from the data (O(d) per pair) instead of reading G (O(|prefix|) per pair).
+DATA_FLOPS_PER_OP = 10.0
+#: An evaluation by the kernel trainer against the lazy one's: keys, heap, σ of the
+#: neurons that flipped (measured on breast cancer, where both evaluate every neuron).
+KERNEL_EVALUATION = 1.5
+#: Share of a visited neuron's tracked pairs whose key the kernel trainer finds passed
+#: (image patches: 0.35 M of 2.6 M a step), each a Gram row of |prefix| reads.
+KERNEL_DUE_SHARE = 0.13
+#: Fixed operations per neuron brought up to date, beyond its pairs: the lazy trainer
+#: walks its neurons in order (breast cancer: 0.56 µs each), the kernel trainer's visits
+#: come from the heap and read its keys and bounds (1.1 µs each).
+LAZY_NEURON_OPS = 150.0
+KERNEL_VISIT_OPS = 450.0
+#: Flips per firing pair and step grow with coherence × fired points x = coh·k while
+#: the run keeps turning, and fall as ~1/x past this (strongly coherent data converges
+#: in few steps: image patches flip 0.45% a step, breast cancer 1.1%, digits 0.9%).
+FLIP_SATURATION = 8.0
+#: Fired points per neuron at which every neuron of isotropic data is re-anchored once a
+#: run (n = 4096 spheres: 206 k of 262 k neurons; coherent data: a few per thousand).
+REANCHOR_POINTS = 50.0
 
 
 def block_rows(row_bytes: float, total: int, budget: int) -> int:

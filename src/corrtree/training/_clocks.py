@@ -55,11 +55,14 @@ def entry_key(drift, v, b, xn):
 
 
 @njit(cache=True, parallel=True)
-def anchor_keys(rows, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, anchor_drift, res_drift):
+def anchor_keys(rows, seg, nf, pool, G, xnorm, d, sc, drifts):
     """Keys of freshly anchored neurons ``rows`` (all values current): every entry's, the
-    neuron's (:func:`heap_key`), ``anchor_drift[r]``, its drift now, and ``res_drift[r] =
-    0``: no residual move since the anchor yet."""
+    neuron's (:func:`heap_key`), ``drifts.anchor[r]``, its drift now, and
+    ``drifts.residual[r] = 0``: no residual move since the anchor yet (``sc``:
+    :data:`~._records.VisitScalars`)."""
     ej, val, key = pool.j, pool.val, pool.key
+    b, R, P, per_p, scatter = sc.b, sc.R, sc.P, sc.per_p, sc.scatter
+    anchor_drift, res_drift = drifts.anchor, drifts.residual
     for k in prange(rows.shape[0]):
         r = rows[k]
         drift = nf[r, DRIFT]
@@ -76,7 +79,7 @@ def anchor_keys(rows, seg, nf, pool, G, xnorm, d, scatter, b, R, P, per_p, ancho
 
 
 @njit(cache=True, parallel=True)
-def own_clocks(seg, nf, pool, a, err, xnorm, eta_s, cert, R, anchor_drift, clock, due):
+def own_clocks(seg, nf, pool, a, err, xnorm, sc, anchor_drift, clock, due):
     """Advance every neuron's own clock by a bound on its step under the error ``err``,
     and mark in ``due`` the neurons it may have brought to an entry's key or to their band.
 
@@ -87,8 +90,9 @@ def own_clocks(seg, nf, pool, a, err, xnorm, eta_s, cert, R, anchor_drift, clock
     drift at the last visit plus these bounds since (``cert`` times, with their
     rounding), bounds the drift the neuron may have reached; it is due once that reaches
     ``nf[r, MINKEY]`` or ``anchor_drift[r] + β/R`` (always, while ``clock[r]`` is
-    infinite).  O(fired pairs·K).
+    infinite).  ``sc``: :data:`~._records.VisitScalars`.  O(fired pairs·K).
     """
+    eta_s, cert, R = sc.eta_s, sc.cert, sc.R
     ej, fire = pool.j, pool.fire
     m = seg.shape[0]
     chunks = min(m, _EVALUATE_CHUNKS)

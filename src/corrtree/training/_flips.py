@@ -149,7 +149,7 @@ def _flip_sets(fr, fj, fon, seg, pool, starts, ends):
     point: ``sets[ptr[f]:ptr[f + 1]]``, from the pool's sets after the flips
     (``starts``, ``ends``: where each neuron's flips start and end).  Returns
     ``(ptr, sets)``.  O(Σ_flips |S_r| + Σ_r |prefix_r|·#flips of r)."""
-    ej, fire = pool[0], pool[6]
+    ej, fire = pool.j, pool.fire
     ng = starts.shape[0]
     size = np.zeros(fr.shape[0] + 1, dtype=np.int64)
     for g in prange(ng):
@@ -281,7 +281,7 @@ def _apply_flips(fr, fj, fv, fon, seg, pool, u, H, a, G, b, scale, m, parts):
 @njit(cache=True)
 def _apply_flips_rows(fr, fj, fv, fon, seg, pool, u, H, a, G, b, scale, m, lo, hi):
     """:func:`apply_flips` for the rows of points ``lo <= · < hi``."""
-    ej, fire = pool[0], pool[6]
+    ej, fire = pool.j, pool.fire
     K = a.shape[1]
     d_fired = 0
     d_moved = 0

@@ -398,30 +398,9 @@ def flip(r, q, seg, pool, a, E, eta_s, on):
 
 
 @njit(cache=True, inline="always")
-def evaluate_neuron(
-    r,
-    seg,
-    nf,
-    pool,
-    scratch,
-    a,
-    E,
-    err,
-    G,
-    X,
-    xnorm,
-    eta_s,
-    b,
-    R,
-    cert,
-    scatter,
-    dw,
-    f_j,
-    f_v,
-    f_on,
-    fpos,
-):
-    """Evaluate the pairs of neuron ``r`` that may have changed side, and flip them.
+def evaluate_neuron(r, seg, nf, pool, scratch, a, E, err, G, X, xnorm, sc, dw, rec, fpos):
+    """Evaluate the pairs of neuron ``r`` that may have changed side, and flip them
+    (``sc``: :data:`~._records.EvalScalars`; ``rec``: :data:`~._records.FlipRecord`).
 
     The drift ``D_r = nf[r, DRIFT]`` grows by (``cert`` times) a bound on the distance
     ``w_r`` moved since its last evaluation: the exact one from :func:`eval_ever` or
@@ -433,7 +412,7 @@ def evaluate_neuron(
     |v - b|/||x_j||`` (keys and their minimum ``nf[r, MINKEY]`` are refreshed), unless
     the neuron must be re-anchored (:func:`needs_reanchor`, ``R = max ||x_j||``), which
     recomputes them all; the ever-fired pairs, which hold every firing pair, are always
-    evaluated. Flips are applied to the pool and, if ``f_j`` is non-empty, recorded from
+    evaluated. Flips are applied to the pool and, if ``rec.j`` is non-empty, recorded from
     ``fpos`` on as ``(j, value, on)``, and ``σ_r`` becomes unknown, to be recomputed
     (O(|prefix|²)) only where a bound or a key needs it.  Values come from the Gram
     identity or, when :func:`by_data` says so for the exchange rate ``scatter``, from
@@ -441,6 +420,8 @@ def evaluate_neuron(
     ``(fpos + #flips, bound on ||w_r - w_r(anchor)||, number of pairs evaluated)``.
     """
     ej, uref, val, key, fire = pool.j, pool.uref, pool.val, pool.key, pool.fire
+    eta_s, b, R, cert, scatter = sc.eta_s, sc.b, sc.R, sc.cert, sc.scatter
+    f_j, f_v, f_on = rec.j, rec.value, rec.on
     record = f_j.shape[0] > 0
     first = fpos
     s0 = seg[r, START]

@@ -4,12 +4,19 @@ screen (``docs/design.md``, "The kernel trainer")."""
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 
 import numpy as np
 
 from .. import _config
 
-__all__ = ["principal_parts"]
+__all__ = ["PrincipalParts", "principal_parts"]
+
+#: :func:`principal_parts`: the data's coordinates ``Z`` along its leading directions,
+#: the residual norms ``resid``, the bound ``rho`` on the residual's spectral norm, the
+#: screen's ``g``, ``rho_g`` and ``delta`` (``Z`` has no column on data without leading
+#: directions).
+PrincipalParts = namedtuple("PrincipalParts", ["Z", "resid", "rho", "g", "rho_g", "delta"])
 
 _ROUND_UP = _config.ROUND_UP
 _U64 = _config.U64
@@ -21,7 +28,7 @@ def _rest(lam: np.ndarray, k: int) -> float:
     return float(lam[k]) if lam.shape[0] > k else 0.0
 
 
-def principal_parts(X: np.ndarray, G: np.ndarray, rank: int, gain: float) -> tuple[np.ndarray, ...]:
+def principal_parts(X: np.ndarray, G: np.ndarray, rank: int, gain: float) -> PrincipalParts:
     """The data along its leading principal directions, for the move bound and the
     screen of :func:`visit`: ``Z = X Q`` (n×k, ``Q`` orthonormal d×k), the residual norms
     ``||x_l - Q z_l||`` and a bound ``ρ`` on the residual's spectral norm
@@ -76,4 +83,11 @@ def principal_parts(X: np.ndarray, G: np.ndarray, rank: int, gain: float) -> tup
     zz = np.einsum("ij,ij->i", Z, Z)
     g = np.sqrt(np.maximum(np.diag(G) - zz, 0.0) + delta + (k + 2) * _U64 * zz) * _ROUND_UP
     rho_g = math.sqrt(max(rest, 0.0) + 2.0 * delta) * _ROUND_UP
-    return Z, resid * _ROUND_UP + math.sqrt(slack / max(scale, 1e-300)) * xn, bound, g, rho_g, delta
+    return PrincipalParts(
+        Z=Z,
+        resid=resid * _ROUND_UP + math.sqrt(slack / max(scale, 1e-300)) * xn,
+        rho=bound,
+        g=g,
+        rho_g=rho_g,
+        delta=delta,
+    )

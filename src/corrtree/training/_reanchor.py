@@ -31,10 +31,6 @@ _DOT_ROWS = _config.DOT_ROWS
 _CHUNKS = _config.EVALUATE_CHUNKS
 _REBUILD_ROWS = _config.REBUILD_ROWS
 
-# float32 GEMMs only for rows whose error bound (about 1e-4·||w_r||·R) stays below
-# this: their products, at most ||w_r||·R, are then far below float32's 3.4e38
-_FLOAT32_SAFE_ERROR = 1e26
-
 
 def reanchor(
     st: BandState, rows: np.ndarray, eta_s: float
@@ -62,7 +58,7 @@ def reanchor(
             w32 = st.buffer("weights32", w.shape, np.float32)
             err32 = float32_error(w, st.R, w32)
             # |products| <= ||w_r||·R: far from float32's overflow (a diverging run is not)
-            if (err32 < _FLOAT32_SAFE_ERROR).all():  # exact values come below
+            if (err32 < _config.FLOAT32_SAFE_ERROR).all():  # exact values come below
                 leaves = st.buffer("leaves", (part.shape[0], st.n), np.float32)
                 np.matmul(w32, st.X32.T, out=leaves)
                 leaf_err = err32

@@ -4,6 +4,7 @@ time (``docs/design.md``, "The kernel trainer")."""
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 
 import numpy as np
 from numba import njit, prange
@@ -25,7 +26,12 @@ from ._pairs import (
 )
 from ._pool import BETA, CNT, DRIFT, KEY, MINKEY, SIGMA, SIGMA_UNKNOWN, START, SUPP
 
-__all__ = ["visit", "visit_few", "visit_rows"]
+__all__ = ["VisitScratch", "visit", "visit_few", "visit_rows"]
+
+#: A thread's scratch space for :func:`visit`: the coefficient changes of a prefix
+#: (``coef``, 3 rows of ``n``), the due entries and their points (``due``), two moves in
+#: data space (``dw``, ``dws``) and two in the principal directions (``zw``, ``zc``).
+VisitScratch = namedtuple("VisitScratch", ["coef", "due", "dw", "dws", "zw", "zc"])
 
 _ROUND_UP = _config.ROUND_UP
 _U64 = _config.U64
@@ -49,11 +55,13 @@ def _screened_gap(uref, fire, zc, z, xn, b, residual, slack):
 
 
 @njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
-def visit(
-    r, seg, nf, pool, scratch, due_at, a, E, G, X, xnorm, parts, eta_s, b, R, cert, scatter,
-    gram_cost, dw, dws, zw, zc, anchor_drift, res_drift, full, ahead, f_j, f_v, f_on, fpos,
-):  # fmt: skip
+def visit(r, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, work, rec, fpos):
     """Bring neuron ``r``, whose key has passed, to the current time (kernel trainer).
+
+    ``parts``: :class:`~._principal.PrincipalParts`; ``sc``:
+    :data:`~._records.VisitScalars`; ``drifts``: :data:`~._records.Drifts`; ``work``:
+    :data:`VisitScratch`; ``rec``: :data:`~._records.FlipRecord`, the flips recorded from
+    ``fpos`` on.
 
     Since its last visit its fire set ``S`` is constant, so it moved by exactly ``Σ_l dl_l
     x_l`` over its ever-fired pairs (``dl = C - clast``; ``clast`` becomes ``C``): at most
@@ -99,6 +107,11 @@ def visit(
     ej, uref, val, key, fire, clast, cref, kappa = (
         pool.j, pool.uref, pool.val, pool.key, pool.fire, pool.clast, pool.cref, pool.kappa
     )  # fmt: skip
+    eta_s, b, R, cert, scatter = sc.eta_s, sc.b, sc.R, sc.cert, sc.scatter
+    gram_cost, full, ahead = sc.gram_cost, sc.full, sc.ahead
+    anchor_drift, res_drift = drifts.anchor, drifts.residual
+    scratch, due_at, dw, dws, zw, zc = work.coef, work.due, work.dw, work.dws, work.zw, work.zc
+    f_j, f_v, f_on = rec.j, rec.value, rec.on
     record = f_j.shape[0] > 0
     first = fpos
     d = X.shape[1]
@@ -106,7 +119,14 @@ def visit(
     ns = seg[r, SUPP]
     end = s0 + seg[r, CNT]
     sig = sigma_of(r, seg, nf, pool, G, xnorm, d, scatter)
-    Z, resid, rho, gres, rho_g, delta = parts
+    Z, resid, rho, gres, rho_g, delta = (
+        parts.Z,
+        parts.resid,
+        parts.rho,
+        parts.g,
+        parts.rho_g,
+        parts.delta,
+    )
     k = Z.shape[1]
     dc, dls = scratch[0], scratch[1]
     zw[:] = 0.0
@@ -282,59 +302,45 @@ def visit(
 
 
 @njit(cache=True)
-def _visit_range(
-    rows, lo, hi, seg, nf, pool, a, E, G, X, xnorm, parts, eta_s, b, R, cert, scatter,
-    gram_cost, anchor_drift, res_drift, full, ahead, P, per_p, fbuf, f_j, f_v, f_on, nflips, nevals,
-    again,
-):  # fmt: skip
+def _visit_range(rows, lo, hi, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, rec, out):
     """:func:`visit` for ``rows[lo:hi]`` on this thread, with its own scratch vectors;
     each gets its new key (:func:`heap_key`) unless it must be re-anchored
-    (``again[k]``).  The flips of ``rows[k]`` are recorded at ``f_*[fbuf[k]:]``
-    (when ``f_j`` is non-empty)."""
-    record = f_j.shape[0] > 0
-    dw = np.empty(X.shape[1])
-    dws = np.empty(X.shape[1])
-    zw = np.empty(parts[0].shape[1])
-    zc = np.empty(parts[0].shape[1])
-    scratch = np.empty((3, G.shape[0]))
-    due_at = np.empty((2, G.shape[0]), dtype=np.int64)  # the due entries, their points
+    (``out.again[k]``).  The flips of ``rows[k]`` are recorded at ``rec.start[k]`` on
+    (when ``rec.j`` is non-empty)."""
+    record = rec.j.shape[0] > 0
+    k_dirs = parts.Z.shape[1]
+    work = VisitScratch(
+        np.empty((3, G.shape[0])),
+        np.empty((2, G.shape[0]), dtype=np.int64),  # the due entries, their points
+        np.empty(X.shape[1]),
+        np.empty(X.shape[1]),
+        np.empty(k_dirs),
+        np.empty(k_dirs),
+    )
     for k in range(lo, hi):
         r = rows[k]
-        start = fbuf[k] if record else 0
-        pos, nevals[k], again[k] = visit(
-            r, seg, nf, pool, scratch, due_at, a, E, G, X, xnorm, parts, eta_s, b, R, cert,
-            scatter, gram_cost, dw, dws, zw, zc, anchor_drift, res_drift, full, ahead, f_j, f_v,
-            f_on, start,
-        )  # fmt: skip
-        nflips[k] = pos - start
-        if not again[k]:
-            nf[r, KEY] = heap_key(r, nf, anchor_drift, R, P, per_p)
+        start = rec.start[k] if record else 0
+        pos, out.nevals[k], out.again[k] = visit(
+            r, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, work, rec, start
+        )
+        out.nflips[k] = pos - start
+        if not out.again[k]:
+            nf[r, KEY] = heap_key(r, nf, drifts.anchor, sc.R, sc.P, sc.per_p)
 
 
 @njit(cache=True, parallel=True)
-def visit_rows(
-    rows, seg, nf, pool, a, E, G, X, xnorm, parts, eta_s, b, R, cert, scatter, gram_cost,
-    anchor_drift, res_drift, full, ahead, P, per_p, fbuf, f_j, f_v, f_on, nflips, nevals, again,
-):  # fmt: skip
-    """:func:`_visit_range` for every neuron of ``rows``, in parallel chunks."""
+def visit_rows(rows, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, rec, out):
+    """:func:`_visit_range` for every neuron of ``rows``, in parallel chunks (arguments
+    as for :func:`visit`; ``out``: :data:`~._records.RowResults`)."""
     nrows = rows.shape[0]
     chunks = min(nrows, _EVALUATE_CHUNKS)
     for c in prange(chunks):
-        _visit_range(
-            rows, c * nrows // chunks, (c + 1) * nrows // chunks, seg, nf, pool, a, E, G, X,
-            xnorm, parts, eta_s, b, R, cert, scatter, gram_cost, anchor_drift, res_drift, full,
-            ahead, P, per_p, fbuf, f_j, f_v, f_on, nflips, nevals, again,
-        )  # fmt: skip
+        lo, hi = c * nrows // chunks, (c + 1) * nrows // chunks
+        _visit_range(rows, lo, hi, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, rec, out)
 
 
 @njit(cache=True)
-def visit_few(
-    rows, seg, nf, pool, a, E, G, X, xnorm, parts, eta_s, b, R, cert, scatter, gram_cost,
-    anchor_drift, res_drift, full, ahead, P, per_p, fbuf, f_j, f_v, f_on, nflips, nevals, again,
-):  # fmt: skip
+def visit_few(rows, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, rec, out):
     """:func:`visit_rows` on the calling thread, for a few rows (the same results)."""
-    _visit_range(
-        rows, 0, rows.shape[0], seg, nf, pool, a, E, G, X, xnorm, parts, eta_s, b, R, cert,
-        scatter, gram_cost, anchor_drift, res_drift, full, ahead, P, per_p, fbuf, f_j, f_v, f_on,
-        nflips, nevals, again,
-    )  # fmt: skip
+    n = rows.shape[0]
+    _visit_range(rows, 0, n, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, rec, out)

@@ -40,6 +40,7 @@ from ._pool import (
     PoolArrays,
 )
 from ._reanchor import reanchor
+from ._records import EvalScalars, FlipRecord, RowResults
 from ._state import Field, Scalar, fail
 from .optim import LinearStep
 
@@ -73,41 +74,23 @@ def choose_storage(n: int, m: int, gemm_dtype: str) -> str:
 
 
 @njit(cache=True, parallel=True, fastmath={"reassoc", "contract"})
-def evaluate_rows(
-    rows,
-    seg,
-    nf,
-    pool,
-    a,
-    E,
-    err,
-    G,
-    X,
-    xnorm,
-    eta_s,
-    b,
-    R,
-    cert,
-    scatter,
-    fbuf,
-    f_j,
-    f_v,
-    f_on,
-    nflips,
-    nevals,
-    again,
-):
+def evaluate_rows(rows, seg, nf, pool, a, E, err, G, X, xnorm, sc, rec, out):
     """Bring neurons ``rows`` to the current time: the step both band trainers share.
 
     For each ``r = rows[k]``, :func:`~._pairs.evaluate_neuron` evaluates and
     flips the pairs that may have changed side (``err``: the lazy trainer's
-    step bound; empty: the exact step), recording the flips at
-    ``f_*[fbuf[k]:]`` when ``f_j`` is non-empty; ``nflips[k]`` is their
-    number and ``nevals[k]`` the number of pairs evaluated.  ``again[k]`` says
-    the neuron must be re-anchored (:func:`~._pairs.needs_reanchor`).
+    step bound; empty: the exact step), recording the flips in ``rec``
+    (:data:`~._records.FlipRecord`) from ``rec.start[k]`` on when ``rec.j`` is
+    non-empty; ``out.nflips[k]`` is their number and ``out.nevals[k]`` the number of
+    pairs evaluated.  ``out.again[k]`` says the neuron must be re-anchored
+    (:func:`~._pairs.needs_reanchor`).  ``sc``: :data:`~._records.EvalScalars`.
     """
     ej = pool.j
-    record = f_j.shape[0] > 0
+    record = rec.j.shape[0] > 0
+    # the fields are read before the parallel loop: numba's parfors lose writes to an
+    # array read from a namedtuple inside the loop (numba 0.68)
+    start, nflips, nevals, again = rec.start, out.nflips, out.nevals, out.again
+    scatter, R = sc.scatter, sc.R
     d = X.shape[1]
     nrows = rows.shape[0]
     chunks = min(nrows, _EVALUATE_CHUNKS)
@@ -118,29 +101,9 @@ def evaluate_rows(
             r = rows[k]
             if k + 1 < nrows and not by_data(d, seg[rows[k + 1], SUPP], scatter):
                 prefetch_block(rows[k + 1], seg, ej, G)
-            first = fbuf[k] if record else 0
+            first = start[k] if record else 0
             pos, since_anchor, nevals[k] = evaluate_neuron(
-                r,
-                seg,
-                nf,
-                pool,
-                scratch,
-                a,
-                E,
-                err,
-                G,
-                X,
-                xnorm,
-                eta_s,
-                b,
-                R,
-                cert,
-                scatter,
-                dw,
-                f_j,
-                f_v,
-                f_on,
-                first,
+                r, seg, nf, pool, scratch, a, E, err, G, X, xnorm, sc, dw, rec, first
             )
             nflips[k] = pos - first
             again[k] = needs_reanchor(r, nf, since_anchor, R)
@@ -425,8 +388,14 @@ class BandTrainer(Trainer):
         """:func:`evaluate_rows` on ``rows``: returns the flips per neuron, the re-anchor
         mask and, if ``record``, the flips as ``(r, j, value, on)`` arrays."""
         st = self.store
-        args = (*self._store_args(), err, self.G, self.X, st.xnorm, self.eta_s, self.b, st.R)
-        args += (self.cert, _config.scatter_cost(st.n))
+        sc = EvalScalars(
+            eta_s=float(self.eta_s),
+            b=float(self.b),
+            R=float(st.R),
+            cert=float(self.cert),
+            scatter=float(_config.scatter_cost(st.n)),
+        )
+        args = (*self._store_args(), err, self.G, self.X, st.xnorm, sc)
         return self._in_groups(rows, record, evaluate_rows, args)
 
     def _store_args(self) -> tuple:
@@ -438,9 +407,10 @@ class BandTrainer(Trainer):
     def _in_groups(
         self, rows: np.ndarray, record: bool, kernel: Callable[..., None], args: tuple
     ) -> tuple[np.ndarray, np.ndarray, tuple | None]:
-        """``kernel(part, *args, fbuf, f_j, f_v, f_on, nflips, nevals, again)`` on
-        consecutive groups of ``rows``, a kernel that records the flips of ``part[k]`` at
-        ``f_*[fbuf[k]:]`` (when ``record``) and fills the three per-row outputs; returns
+        """``kernel(part, *args, rec, out)`` on consecutive groups of ``rows``, a kernel
+        that records the flips of ``part[k]`` in ``rec`` (:data:`~._records.FlipRecord`,
+        from ``rec.start[k]`` on, when ``record``) and fills ``out``
+        (:data:`~._records.RowResults`); returns
         the flips per neuron, the re-anchor mask and, if ``record``, the flips as
         ``(r, j, value, on)`` arrays."""
         st = self.store
@@ -460,7 +430,9 @@ class BandTrainer(Trainer):
             f_j = st.buffer("flip_j", (fbuf[-1],), np.int32)  # as pool.j
             f_v = st.buffer("flip_value", (fbuf[-1],))
             f_on = st.buffer("flip_on", (fbuf[-1],), np.bool_)
-            kernel(part, *args, fbuf, f_j, f_v, f_on, nflips[g0:g1], nevals[g0:g1], again[g0:g1])
+            rec = FlipRecord(start=fbuf, j=f_j, value=f_v, on=f_on)
+            out = RowResults(nflips=nflips[g0:g1], nevals=nevals[g0:g1], again=again[g0:g1])
+            kernel(part, *args, rec, out)
             if record:
                 found.append(gather_flips(part, fbuf, nflips[g0:g1], f_j, f_v, f_on))
         flips = tuple(np.concatenate(a) for a in zip(*found, strict=True)) if record else None

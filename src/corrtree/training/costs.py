@@ -7,12 +7,12 @@ inputs are the sizes and the expected share ``q`` of firing pairs at
 initialization (``Q(b/||x||)`` averaged over the data, for Gaussian
 weights); a neuron moves in an iteration when it fires on some point,
 which happens with probability ``1 - (1 - q)^n``.  The constants are round
-numbers measured on a 2-core x86 machine; only their ratios matter for the
-choice.  The lazy and kernel terms were calibrated on the five workloads of
-``benchmarks/bench_workloads.py`` (per-visit and per-flip times, flips and
-re-anchorings from their ``History``): each of their constants can be halved
-or doubled without changing any of the five choices, but
-:data:`KERNEL_EVALUATION` doubled.
+numbers measured on a 2-core x86 machine (they are in :mod:`corrtree._config`, with
+the reason for each); only their ratios matter for the choice.  The lazy and kernel
+terms were calibrated on the five workloads of ``benchmarks/bench_workloads.py``
+(per-visit and per-flip times, flips and re-anchorings from their ``History``): each of
+their constants can be halved or doubled without changing any of the five choices, but
+:data:`~corrtree._config.KERNEL_EVALUATION` doubled.
 """
 
 from __future__ import annotations
@@ -22,36 +22,7 @@ from scipy.special import ndtr
 
 from .. import _config
 
-__all__ = ["BLAS_FLOPS", "SPARSE_OPS", "estimate", "fire_share"]
-
-BLAS_FLOPS = 5e10  # float64 GEMM, flop/s
-SPARSE_OPS = 5e8  # gathers / scattered updates in numba kernels, per second
-STREAM_OPS = 2e9  # streaming element-wise passes over arrays, elements per second
-TREE_VISITS = 16  # values read per reported leaf or updated path in a blocked max tree
-# vectorized flops per scattered operation when the band kernels rebuild pair values
-# from the data (O(d) per pair) instead of reading G (O(|prefix|) per pair)
-DATA_FLOPS_PER_OP = 10.0
-# an evaluation by the kernel trainer against the lazy one's: keys, heap, σ of the
-# neurons that flipped (measured on breast cancer, where both evaluate every neuron)
-KERNEL_EVALUATION = 1.5
-# share of a visited neuron's tracked pairs whose key the kernel trainer finds passed
-# (image patches: 0.35 M of 2.6 M a step), each a Gram row of |prefix| reads
-KERNEL_DUE_SHARE = 0.13
-# fixed operations per neuron brought up to date, beyond its pairs: the lazy trainer
-# walks its neurons in order (breast cancer: 0.56 µs each), the kernel trainer's visits
-# come from the heap and read its keys and bounds (1.1 µs each)
-LAZY_NEURON_OPS = 150.0
-KERNEL_VISIT_OPS = 450.0
-# a cache line of H written by a flip, in operations (a miss: 70-130 ns; a flip of a
-# neuron firing on k points writes 2·k·K lines: W2 9.3 µs, W3 (K = 10) 50 µs a flip)
-H_LINE_OPS = 50.0
-# flips per firing pair and step grow with coherence × fired points x = coh·k while
-# the run keeps turning, and fall as ~1/x past this (strongly coherent data converges
-# in few steps: image patches flip 0.45% a step, breast cancer 1.1%, digits 0.9%)
-FLIP_SATURATION = 8.0
-# fired points per neuron at which every neuron of isotropic data is re-anchored once a
-# run (n = 4096 spheres: 206 k of 262 k neurons; coherent data: a few per thousand)
-REANCHOR_POINTS = 50.0
+__all__ = ["coherence", "estimate", "fire_share", "memory_need"]
 
 
 def fire_share(norms: np.ndarray, b: float) -> float:
@@ -100,47 +71,64 @@ def estimate(
     """
     pairs = q * n * m  # Σ_i k_i
     moved = m * (1.0 - (1.0 - q) ** n)
-    gemm = 2.0 * n * m * d / BLAS_FLOPS
-    sparse_grad = pairs * (d + K) / SPARSE_OPS  # forward and gradient on fired pairs
+    gemm = 2.0 * n * m * d / _config.BLAS_FLOPS
+    sparse_grad = pairs * (d + K) / _config.SPARSE_OPS  # forward and gradient on fired pairs
     if method == "dense":
-        return iters * (2 * gemm + 4 * n * m * K / BLAS_FLOPS + 4 * n * m / STREAM_OPS)
+        return iters * (
+            2 * gemm + 4 * n * m * K / _config.BLAS_FLOPS + 4 * n * m / _config.STREAM_OPS
+        )
     if method == "dtree":
-        update = gemm * moved / m + n * moved * TREE_VISITS / SPARSE_OPS
-        query = pairs * TREE_VISITS / SPARSE_OPS + n * m / 16 / STREAM_OPS
-        return gemm + n * m / STREAM_OPS + iters * (query + sparse_grad + update)
+        update = gemm * moved / m + n * moved * _config.TREE_VISITS / _config.SPARSE_OPS
+        query = pairs * _config.TREE_VISITS / _config.SPARSE_OPS + n * m / 16 / _config.STREAM_OPS
+        return gemm + n * m / _config.STREAM_OPS + iters * (query + sparse_grad + update)
     if method == "wtree":
-        update = gemm * moved / m + n * moved / STREAM_OPS
-        query = pairs * TREE_VISITS / SPARSE_OPS + m / SPARSE_OPS
-        return gemm + n * m / STREAM_OPS + iters * (query + sparse_grad + update)
+        update = gemm * moved / m + n * moved / _config.STREAM_OPS
+        query = pairs * _config.TREE_VISITS / _config.SPARSE_OPS + m / _config.SPARSE_OPS
+        return gemm + n * m / _config.STREAM_OPS + iters * (query + sparse_grad + update)
     k = q * n  # fired points per neuron (≈ pairs that ever fired)
     tracked = max(q_band * n, k)
     expired = min(1.0, 0.05 + 0.5 * coh * k)  # share of other tracked pairs evaluated
     others = expired * (tracked - k)  # tracked pairs outside the prefix evaluated
-    evaluate = min(k * k / 2 + others * k, (2 * d * k + others * d) / DATA_FLOPS_PER_OP)
+    evaluate = min(k * k / 2 + others * k, (2 * d * k + others * d) / _config.DATA_FLOPS_PER_OP)
     # re-anchorings per neuron over the run: a Gram row and a share of a GEMM row each
-    reanchored = min(1.0, (k / REANCHOR_POINTS) ** 2) * max(0.0, 1.0 - coh)
-    anchoring = moved * reanchored * (k * n + 2 * n * d * SPARSE_OPS / BLAS_FLOPS) / SPARSE_OPS
+    reanchored = min(1.0, (k / _config.REANCHOR_POINTS) ** 2) * max(0.0, 1.0 - coh)
+    anchoring = (
+        moved
+        * reanchored
+        * (k * n + 2 * n * d * _config.SPARSE_OPS / _config.BLAS_FLOPS)
+        / _config.SPARSE_OPS
+    )
     # float32 GEMM, float64 recomputation of the tracked pairs, trees, re-anchorings
-    pre = gemm / 2 + m * tracked * d * 4 / BLAS_FLOPS + n * m / STREAM_OPS + anchoring
+    pre = (
+        gemm / 2 + m * tracked * d * 4 / _config.BLAS_FLOPS + n * m / _config.STREAM_OPS + anchoring
+    )
     if method == "lazy":
-        return pre + iters * moved * (evaluate + k * K + LAZY_NEURON_OPS) / SPARSE_OPS
+        return (
+            pre + iters * moved * (evaluate + k * K + _config.LAZY_NEURON_OPS) / _config.SPARSE_OPS
+        )
     if method == "kernel":
         if not _config.ntk_fits(n, K):
             return float("inf")  # the NTK matrix does not fit
-        pre += m * k * k * K * K / SPARSE_OPS
+        pre += m * k * k * K * K / _config.SPARSE_OPS
         # a visit: the move's bound over the prefix, then the pairs whose key passed
-        visit = k * (min(_config.PROJECTION_RANK, d) + K) / DATA_FLOPS_PER_OP
-        per_visit = visit + KERNEL_DUE_SHARE * tracked * k + k * K + KERNEL_VISIT_OPS
+        visit = k * (min(_config.PROJECTION_RANK, d) + K) / _config.DATA_FLOPS_PER_OP
+        per_visit = (
+            visit + _config.KERNEL_DUE_SHARE * tracked * k + k * K + _config.KERNEL_VISIT_OPS
+        )
         # every neuron is processed in the first few iterations; afterwards a share
         # that grows with coherence (W1: 5%, W4: 1/2, image patches and digits: 0.6-0.9)
         wave = min(iters, 6.0 + 6.0 * coh * k)
         active = moved * (wave + (iters - wave) * min(0.95, 0.2 * coh * k))
         x = coh * k
-        flips = pairs * 0.002 * x / (1.0 + (x / FLIP_SATURATION) ** 2)
+        flips = pairs * 0.002 * x / (1.0 + (x / _config.FLIP_SATURATION) ** 2)
         return (
             pre
-            + iters * (2 * (n * K) ** 2 / STREAM_OPS + flips * 2 * k * K * H_LINE_OPS / SPARSE_OPS)
-            + active * KERNEL_EVALUATION * per_visit / SPARSE_OPS
+            + iters
+            * (
+                2 * (n * K) ** 2 / _config.STREAM_OPS
+                + flips * 2 * k * K * _config.FLIP_WRITE_NS * 1e-9
+            )
+            + active * _config.KERNEL_EVALUATION * per_visit / _config.SPARSE_OPS
         )
     raise ValueError(f"no cost model for method {method!r}")
 

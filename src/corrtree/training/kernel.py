@@ -48,6 +48,7 @@ from ._heap import pop_due, push_all
 from ._ntk import ntk_matrix
 from ._pool import CNT, DRIFT, NFIRE, SUPP
 from ._principal import principal_parts
+from ._records import Drifts, VisitScalars
 from ._state import Field, Scalar, Schema, fail
 from ._visit import visit_few, visit_rows
 from .band import BAND_FIELDS, BAND_SCALARS, BandTrainer
@@ -104,7 +105,7 @@ class KernelTrainer(BandTrainer):
         self._parts = principal_parts(
             self.X, self.G, _config.PROJECTION_RANK, _config.PROJECTION_GAIN
         )
-        self._coherent = self._own = self._parts[0].shape[1] > 0
+        self._coherent = self._own = self._parts.Z.shape[1] > 0
         self._due = np.zeros(self.m, dtype=np.bool_)
 
     def _choose_clock(self, popped: np.ndarray) -> None:
@@ -144,25 +145,31 @@ class KernelTrainer(BandTrainer):
         """The drift of a neuron grows at most ``per_p·σ_r`` per unit of ``P``."""
         return self.eta_s * math.sqrt(self.a.shape[1]) * self.cert * _config.ROUND_UP
 
+    def _scalars(self, full: bool = False, ahead: float = 0.0) -> VisitScalars:
+        """The scalars of :func:`~._visit.visit` and the clocks, now."""
+        st = self.store
+        return VisitScalars(
+            eta_s=float(self.eta_s),
+            b=float(self.b),
+            R=float(st.R),
+            cert=float(self.cert),
+            scatter=float(_config.scatter_cost(st.n)),
+            gram_cost=float(_config.GRAM_ROW_COST),
+            full=bool(full),
+            ahead=float(ahead),
+            P=float(self.P),
+            per_p=float(self.per_p),
+        )
+
+    def _drifts(self) -> Drifts:
+        return Drifts(anchor=self.anchor_drift, residual=self.res_drift)
+
     def _anchor_keys(self, rows: np.ndarray) -> None:
         """:func:`anchor_keys` of freshly anchored ``rows`` at the current ``P``."""
         st = self.store
-        anchor_keys(
-            rows,
-            st.seg,
-            st.nf,
-            st.pool.arrays,
-            self.G,
-            st.xnorm,
-            self.X.shape[1],
-            _config.scatter_cost(st.n),
-            st.b,
-            st.R,
-            self.P,
-            self.per_p,
-            self.anchor_drift,
-            self.res_drift,
-        )
+        d = self.X.shape[1]
+        args = (st.seg, st.nf, st.pool.arrays, self.G, st.xnorm, d, self._scalars())
+        anchor_keys(rows, *args, self._drifts())
 
     def _start(self) -> None:
         """Every neuron gets its first key, once the learning rate sets the drift rate
@@ -255,8 +262,8 @@ class KernelTrainer(BandTrainer):
         with self.timer("query"):
             if self._own:
                 own_clocks(
-                    st.seg, st.nf, st.pool.arrays, self.a, err, st.xnorm, self.eta_s,
-                    self.cert, st.R, self.anchor_drift, self.clock, self._due,
+                    st.seg, st.nf, st.pool.arrays, self.a, err, st.xnorm, self._scalars(),
+                    self.anchor_drift, self.clock, self._due,
                 )  # fmt: skip
                 popped = np.flatnonzero(self._due)
             else:
@@ -291,9 +298,8 @@ class KernelTrainer(BandTrainer):
         :func:`lookahead`); returns the mask of the rows to re-anchor and the flips as
         ``(r, j, value, on)`` arrays."""
         st = self.store
-        args = (*self._store_args(), self.G, self.X, st.xnorm, self._parts, self.eta_s, self.b)
-        args += (st.R, self.cert, _config.scatter_cost(st.n), _config.GRAM_ROW_COST)
-        args += (self.anchor_drift, self.res_drift, full, ahead, self.P, self.per_p)
+        args = (*self._store_args(), self.G, self.X, st.xnorm, self._parts)
+        args += (self._scalars(full, ahead), self._drifts())
         few = rows.shape[0] < _config.SERIAL_WORK  # waking the other threads costs more
         _, again, flips = self._in_groups(rows, True, visit_few if few else visit_rows, args)
         return again, flips
