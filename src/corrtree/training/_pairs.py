@@ -101,7 +101,8 @@ def gram_block(G, ej, dc, s0, ns, js, count, acc):
     """``acc[t] = Σ_{p<ns} dc[p] · G[ej[s0+p], js[t]]`` for ``t < count``: the values of
     many pairs of one neuron at once, each of its prefix rows of G read once at the
     points ``js`` in a pass of four rows, where :func:`gram_sum` gathers ``ns``
-    scattered reads a pair (W4's due pairs: 1.4-1.5× faster).  O(ns·count)."""
+    scattered reads a pair (faster on the due pairs of isotropic data: ``docs/design.md``,
+    "Measurements behind the choices").  O(ns·count)."""
     acc[:count] = 0.0
     p = 0
     while p + 4 <= ns:

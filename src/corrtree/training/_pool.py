@@ -86,11 +86,10 @@ def zeros(size: int, dtype: type) -> np.ndarray:
     platform can say so, Linux).
 
     numpy asks for transparent huge pages for large arrays.  The pool's first writes
-    go segment by segment from parallel threads, and on this machine a huge-page
-    fault of fresh memory costs far more per byte than small-page faults: 0.21 s
-    against 0.05 s for the entries of 8 192 neurons of W4 (93 MB), 18.6 s against
-    16.7 s for W4's whole set-up.  The entries are read a segment at a time, so small
-    pages cost the iterations nothing measurable.  O(size) on first touch.
+    go segment by segment from parallel threads, and a huge-page fault of fresh memory
+    costs far more per byte than small-page faults (``docs/design.md``, "Measurements
+    behind the choices").  The entries are read a segment at a time, so small pages
+    cost the iterations nothing measurable.  O(size) on first touch.
     """
     dt = np.dtype(dtype)
     nbytes = int(size) * dt.itemsize

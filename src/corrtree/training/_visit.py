@@ -96,10 +96,9 @@ def visit(r, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, work, rec, fpo
     re-anchoring), or would be after ``ahead`` more steps like this one
     (:func:`lookahead`).  From the data, unless ``full``, the distance is the norm of the
     move formed (:func:`~._pairs.move_norm`) and only the due values are computed, when
-    they cost less than the ``|prefix|·d`` of all the ever-fired ones (W4: ``|prefix|``
-    reads of G against 784 flops a value; the iterations 1-3 of W4 at m = 2^16 1.3×
-    faster).  On the first visit since the anchor the step is that distance: a neuron
-    re-anchored then computes no value.  Returns
+    they cost less than the ``|prefix|·d`` of all the ever-fired ones (``|prefix|``
+    reads of G against ``d`` flops a value).  On the first visit since the anchor the
+    step is that distance: a neuron re-anchored then computes no value.  Returns
     ``(fpos + #flips, #values computed, whether to re-anchor)``; the values, keys
     and ``nf[r, MINKEY]`` (over all entries) are current.  O(|prefix|·K + the
     evaluated values).

@@ -113,10 +113,10 @@ class KernelTrainer(BandTrainer):
         an O(fired pairs) pass) while the visits read a large share of the fired pairs,
         else the global ``P`` with its heap.
 
-        On coherent data nearly every neuron fires on many points whose errors differ
-        (W2, image patches: the global clock pops 43 k of 65 k neurons an iteration, the
-        own clocks make 24 k due); where few neurons are due (W5 after its first
-        iterations), the pass would cost more than the visits.  The visits' share of the
+        On coherent data nearly every neuron fires on many points whose errors differ,
+        and the own clocks make far fewer neurons due than the global clock pops; where
+        few neurons are due (as after the first iterations of most runs), the pass would
+        cost more than the visits.  The visits' share of the
         fired pairs, ``Σ |prefix|`` over ``popped`` against the fired pairs, decides
         (:data:`~corrtree._config.OWN_CLOCK_ENTER`, :data:`~corrtree._config.OWN_CLOCK_LEAVE`).
         Leaving pushes every neuron with its key (a global-clock key stays valid: ``P``
