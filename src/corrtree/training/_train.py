@@ -444,7 +444,10 @@ def resume(
             shards,
             run,
         )
+    method = manifest.get("trainer")
+    took = ensure(train, method, run.sgd.linear) if method in WARM_METHODS else Warmup(0.0, 0)
     model, trainer, hist, meta = load_checkpoint(path, Xc, Y, Xc @ Xc.T)
+    hist.info["compile_s"], hist.info["compiled"] = took.seconds, took.compiled
     if iters is not None:
         meta["iters"] = _check_iters(iters)
     return model, _run(model, trainer, hist, meta, callback, checkpoint or path, run)
