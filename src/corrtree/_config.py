@@ -182,7 +182,7 @@ ADDS_PER_NS = 1.0
 #: choice between the ways of applying flips.
 FLIP_WRITE_COST = FLIP_WRITE_NS * ADDS_PER_NS
 #: The same write along the flipped point's own row of a scratch matrix, the row in
-#: cache while that point's flips write it (:func:`~corrtree.training.kernel.apply_flips_by_rows`;
+#: cache while that point's flips write it (:func:`~corrtree.training._flips.apply_flips_by_rows`;
 #: W2: 4.3e8 writes in 1.7 s, against 2.6e8 in place in 15.5 s).
 FLIP_ROW_WRITE_COST = 4.0
 #: ... which then adds the scratch matrix and its transpose to H in tiles of this
