@@ -233,8 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
         "bench",
         help="run the benchmark suites",
         description="Run benchmark suites side by side; print tables and "
-        "write JSON and PNG files.  large is the size reported in README "
-        "(tens of minutes); small runs in about 10 minutes.",
+        "write JSON and PNG files.  large is the size reported in "
+        "benchmarks/README.md (tens of minutes); small runs in minutes.",
     )
     p.add_argument(
         "--size",
