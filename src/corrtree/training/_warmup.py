@@ -86,11 +86,14 @@ class _CompileCounter:
         self._guard.__exit__(*exc)
 
 
-def _small(outputs: int = 2) -> tuple[Any, TwoLayerReLU]:
+def _small() -> tuple[Any, TwoLayerReLU]:
     """The problem with many flips at once (the kernel trainer's flips by rows)."""
-    return sphere(n=64, d=256, outputs=outputs, seed=1), TwoLayerReLU.init(
-        d=256, m=4096, outputs=outputs
-    )
+    return sphere(n=64, d=256, outputs=2, seed=1), TwoLayerReLU.init(d=256, m=4096, outputs=2)
+
+
+def _tiny() -> tuple[Any, TwoLayerReLU]:
+    """A problem of a few points and neurons."""
+    return sphere(n=8, d=4, outputs=2, seed=1), TwoLayerReLU.init(d=4, m=64, outputs=2)
 
 
 def _late_kernels(method: str) -> None:
@@ -101,8 +104,7 @@ def _late_kernels(method: str) -> None:
         keys, ids = np.empty(2), np.empty(2, dtype=np.int64)
         size = _heap.push_all(keys, ids, 0, np.arange(2), np.zeros((2, SIGMA + 1)))
         _heap.pop_due(keys, ids, size, 0.0)
-    tiny = sphere(n=8, d=4, outputs=2, seed=1)
-    model = TwoLayerReLU.init(d=4, m=64, outputs=2)
+    tiny, model = _tiny()
     X, a = tiny.X_train, model.output_weights
     fire = keys_to_csr(np.flatnonzero(model.W @ X.T >= model.b), model.m, X.shape[0])
     v = np.ones((X.shape[0], a.shape[1]))
@@ -119,8 +121,7 @@ def _tiny_runs(train: Callable[..., Any], method: str, linear: bool) -> None:
     options = {"batch_size": 4, "momentum": 0.5} if linear else {}
     small, wide = _small()
     train(wide, small.X_train, small.y_train, method=method, iters=3, **options)
-    tiny = sphere(n=8, d=4, outputs=2, seed=1)
-    model = TwoLayerReLU.init(d=4, m=64, outputs=2)
+    tiny, model = _tiny()
     train(model, tiny.X_train, tiny.y_train, method=method, iters=3, **options)
     _late_kernels(method)
 
@@ -134,8 +135,7 @@ def _helper(method: str) -> None:
 
     small, model = _small()
     X = small.X_train
-    Y = small.y_train
-    trainer = TRAINERS[method](model, X, Y, X @ X.T, "auto")
+    trainer = TRAINERS[method](model, X, small.y_train, X @ X.T, "auto")
     trainer._reanchor(np.arange(model.m, dtype=np.int64))
 
 
