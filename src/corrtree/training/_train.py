@@ -221,6 +221,7 @@ def train(
                 meta["lr_auto"] = lr == "auto"
                 if method == "auto":  # the cost model of one process picks the method
                     method = choose_method(X, X @ X.T, model, iters, sgd)[0]
+                    _check_options(method, options)
                 hist = train_sharded(
                     model,
                     X,
