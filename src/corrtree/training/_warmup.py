@@ -29,8 +29,9 @@ import numpy as np
 
 from ..datasets import sphere
 from ..model import TwoLayerReLU
-from . import _heap, _ntk
+from . import _flips, _heap, _ntk
 from ._pool import SIGMA
+from ._registry import TRAINERS
 from ._sparse import keys_to_csr
 
 __all__ = ["WARM_METHODS", "Warmup", "ensure"]
@@ -97,15 +98,24 @@ def _tiny() -> tuple[Any, TwoLayerReLU]:
 
 
 def _late_kernels(method: str) -> None:
-    """The kernels a long run adds to a short one: the kernel trainer's heap, and for
+    """The kernels a long run adds to a short one: the kernel trainer's heap and its flips
+    in place by several threads, and for
     ``lr="auto"`` beyond the formed NTK matrix the sparse mat-vec both ways and the warm
     start."""
-    if method == "kernel":  # its heap, which a short run of coherent data does not reach
+    tiny, model = _tiny()
+    X, a = tiny.X_train, model.output_weights
+    if method == "kernel":
+        # its heap, which a short run of coherent data does not reach
         keys, ids = np.empty(2), np.empty(2, dtype=np.int64)
         size = _heap.push_all(keys, ids, 0, np.arange(2), np.zeros((2, SIGMA + 1)))
         _heap.pop_due(keys, ids, size, 0.0)
-    tiny, model = _tiny()
-    X, a = tiny.X_train, model.output_weights
+        # its flips written in place by several threads, which the tiny runs apply by rows
+        t = TRAINERS["kernel"](model, X, tiny.y_train, X @ X.T, "auto")
+        none = np.empty(0, dtype=np.int64)
+        args = (t.store.seg, t.store.pool.arrays, t.u, t.H, t.a, t.G, t.b, t.scale)
+        _flips._apply_flips(
+            none, none, np.empty(0), np.empty(0, np.bool_), *args, float(t.width), 2
+        )
     fire = keys_to_csr(np.flatnonzero(model.W @ X.T >= model.b), model.m, X.shape[0])
     v = np.ones((X.shape[0], a.shape[1]))
     f32 = (X.astype(np.float32), a.astype(np.float32), v.astype(np.float32))
@@ -131,8 +141,6 @@ def _helper(method: str) -> None:
     the late kernels first, then the re-anchoring of the band trainers (which a short run
     reaches last), reached directly from a fresh trainer."""
     _late_kernels(method)
-    from ._registry import TRAINERS
-
     small, model = _small()
     X = small.X_train
     trainer = TRAINERS[method](model, X, small.y_train, X @ X.T, "auto")
