@@ -1,4 +1,4 @@
-"""The ``corrtree`` command line: demo, train, predict, bench, experiment."""
+"""The ``corrtree`` command line: demo, train, predict, bench, experiment, warmup."""
 
 from __future__ import annotations
 
