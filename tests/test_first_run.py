@@ -132,3 +132,17 @@ def test_warmup_reports_loading_from_the_cache():
     assert ct.warmup(["dense"]) == ct.Warmup(0.0, 0)  # once per process
     with pytest.raises(ValueError, match="methods"):
         ct.warmup(["fast"])
+
+
+def test_cli_warmup_and_version(capsys):
+    from corrtree.cli import main
+
+    assert main(["warmup", "--methods", "dense"]) == 0
+    out = capsys.readouterr().out  # compiled now, or loaded from the cache
+    assert "once per install" in out or "loaded from the cache" in out
+    assert main(["warmup", "--methods", "fast"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'fast'" in err
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.strip() == f"corrtree {ct.__version__}"
