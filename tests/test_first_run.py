@@ -146,3 +146,16 @@ def test_cli_warmup_and_version(capsys):
     with pytest.raises(SystemExit):
         main(["--version"])
     assert capsys.readouterr().out.strip() == f"corrtree {ct.__version__}"
+
+
+def test_progress_rate_leaves_out_what_came_before_the_first_iteration():
+    import time
+
+    from corrtree._progress import Progress
+
+    hist = ct.History(method="dense", lr=1.0, n=1, m=1, d=1, outputs=1, b=0.0)
+    bar = Progress(10, "dense", quiet=True)
+    time.sleep(0.3)  # set-up and compilation
+    for name in ("time_query", "time_forward", "time_backward", "time_update"):
+        getattr(hist, name).append(0.0025)
+    assert bar.rate(0, hist) > 20  # one iteration of 10 ms, not 0.3 s

@@ -41,7 +41,8 @@ class Progress:
     def __init__(self, total: int, label: str, quiet: bool = False, console=None) -> None:
         self.total, self.label, self.quiet, self.console = total, label, quiet, console
         self._bar = None
-        self._t0 = time.perf_counter()
+        self._t0: float | None = None  # when the run's first iteration started
+        self._done = 0  # iterations before it (a resumed run)
 
     def __enter__(self) -> Progress:
         if not self.quiet:
@@ -57,8 +58,19 @@ class Progress:
         if self._bar is not None:
             self._bar.stop()
 
+    def rate(self, t: int, hist: History) -> float:
+        """Iterations per second after iteration ``t``, counted from the start of the
+        first iteration this bar saw: the set-up and the loading of the kernels before it
+        are not iterations."""
+        now = time.perf_counter()
+        if self._t0 is None:
+            last = (hist.time_query, hist.time_forward, hist.time_backward, hist.time_update)
+            self._t0 = now - sum(p[-1] for p in last if p)
+            self._done = t
+        return (t + 1 - self._done) / max(now - self._t0, 1e-9)
+
     def __call__(self, t: int, hist: History) -> None:
-        rate = (t + 1) / max(time.perf_counter() - self._t0, 1e-9)
+        rate = self.rate(t, hist)
         parts = [
             f"loss {hist.loss[-1]:.3e}",
             f"fired {_short(hist.fired_pairs[-1])}",
