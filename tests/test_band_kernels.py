@@ -19,7 +19,7 @@ from naive import (
 )
 
 from corrtree import _config
-from corrtree.training import _pairs, _reanchor
+from corrtree.training import _pairs
 from corrtree.training._anchors import BandState, pair_dots
 from corrtree.training._clocks import own_clocks
 from corrtree.training._flips import apply_flips, apply_flips_by_rows
@@ -508,7 +508,7 @@ def test_weights_forward_and_firing_csr_against_brute_force():
 @pytest.mark.parametrize("block_bytes", [64 * 2**20, 1])  # one block, or a row per block
 @pytest.mark.parametrize("m", [60, 600])  # 200 rows in one block: rebuilt in parallel runs
 def test_reanchor_recomputes_rows_and_bands(gemm, anchor, gain, safe, block_bytes, m, monkeypatch):
-    monkeypatch.setattr(_reanchor, "_FLOAT32_SAFE_ERROR", safe)
+    monkeypatch.setattr(_config, "FLOAT32_SAFE_ERROR", safe)
     monkeypatch.setattr(_config, "REANCHOR_GEMM_GAIN", gain)
     monkeypatch.setattr(_config, "REANCHOR_BLOCK_BYTES", block_bytes)
     st, rng = _state(6, m=m, gemm=gemm, anchor=anchor)
