@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -10,7 +11,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["atomic_savez", "atomic_write_json", "atomic_write_text", "remove_stale_temporaries"]
+__all__ = [
+    "atomic_savez",
+    "atomic_write_json",
+    "atomic_write_text",
+    "digest_of",
+    "remove_stale_temporaries",
+]
 
 
 def _atomic(path: str | os.PathLike, write) -> Path:
@@ -81,3 +88,16 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         return obj.tolist()
     raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def digest_of(manifest: dict[str, Any], arrays: dict[str, np.ndarray]) -> str:
+    """BLAKE2b of the manifest (without its digest) and of every array."""
+    h = hashlib.blake2b(digest_size=32)
+    h.update(
+        json.dumps({k: v for k, v in manifest.items() if k != "digest"}, sort_keys=True).encode()
+    )
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(memoryview(a.reshape(-1).view(np.uint8)))
+    return h.hexdigest()

@@ -91,7 +91,7 @@ class Trainer:
         **options: Any,
     ) -> None:
         self._bind(model, X, Y, G)
-        self._prepare(model.W, **options)
+        self._prepare(self._initial(model), **options)
         lr_s = 0.0
         if lr == "auto":
             H = self.ntk()
@@ -118,8 +118,21 @@ class Trainer:
         learning rate, which needs every shard, comes with :meth:`Prepared.start`."""
         trainer = cls.__new__(cls)
         trainer._bind(model, X, Y, G, width)
-        trainer._prepare(model.W, **options)
+        trainer._prepare(trainer._initial(model), **options)
         return Prepared(trainer)
+
+    #: whether the method reads ``W(0)`` by blocks of rows only (and so trains implicit
+    #: models, :mod:`corrtree._implicit`); the others need the stored array
+    implicit_ok = False
+
+    def _initial(self, model: TwoLayerReLU):
+        """``W(0)`` as the method reads it: the model's rows source, or its array."""
+        if model.implicit and not self.implicit_ok:
+            raise ValueError(
+                f"method={self.name!r} needs the stored weight matrix; an implicit model "
+                f"trains with method='lazy' or 'kernel' (or convert it: model.to_explicit())"
+            )
+        return model._src if self.implicit_ok else model.W
 
     def _begin(self, lr: float) -> None:
         self._set_lr(lr)
@@ -175,7 +188,7 @@ class Trainer:
         trainer = cls.__new__(cls)
         trainer._bind(model, X, Y, G, width)
         trainer._set_lr(lr)
-        trainer._restore(model.W, arrays, scalars, sizes)
+        trainer._restore(trainer._initial(model), arrays, scalars, sizes)
         trainer.timer.pop()
         return trainer
 

@@ -31,6 +31,7 @@ from ._pool import BETA, CNT, DRIFT, MINKEY, NFIRE, SIGMA, SIGMA_UNKNOWN, START,
 __all__ = [
     "by_data",
     "coef",
+    "coefficients",
     "data_dot",
     "dot_row",
     "eval_ever",
@@ -570,3 +571,18 @@ def materialize(out, rows, X, seg, pool, a, E, eta_s):
             for i in range(d):
                 out[k, i] -= c * X[j, i]
             q += 1
+
+
+@njit(cache=True, parallel=True)
+def coefficients(seg, pool, a, E, eta_s, indptr, cols, out):
+    """``C`` in CSR: ``cols[q']``, ``out[q']`` for the ever-fired pairs of neuron ``r`` at
+    ``indptr[r] .. indptr[r+1]`` (``indptr`` from ``seg[:, SUPP]``), in the order
+    :func:`materialize` sums them.  O(m + Σ_r |prefix_r|)."""
+    ej, kappa, fire = pool.j, pool.kappa, pool.fire
+    for r in prange(seg.shape[0]):
+        s0 = seg[r, START]
+        p = indptr[r]
+        for q in range(s0, s0 + seg[r, SUPP]):
+            cols[p] = ej[q]
+            out[p] = coef(q, r, kappa, fire, ej, a, E, eta_s)
+            p += 1

@@ -70,8 +70,9 @@ def choose_method(
     costs = {
         k: estimate(k, n, model.m, d, model.outputs, iters, share, band_share, coh)
         for k in TRAINERS
+        if TRAINERS[k].implicit_ok or not model.implicit
     }
-    if sgd is not None and sgd.batch_size is not None:
+    if sgd is not None and sgd.batch_size is not None and "dense" in costs:
         costs["dense"] *= min(1.0, sgd.batch_size / n)
     if sgd is not None and sgd.linear:
         costs["kernel"] = max(costs["kernel"], costs["lazy"])
@@ -183,6 +184,7 @@ def train(
         raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
     if method != "auto":
         _check_options(method, options)
+        _check_implicit(method, model)
     lr = _check_lr(lr)
     sgd = SGD(batch_size, epochs, momentum, nesterov, weight_decay, schedule, shuffle_seed)
     if iters is not None and epochs is not None:
@@ -302,6 +304,16 @@ def _check_options(method: str, options: dict[str, Any]) -> None:
             )
 
 
+def _check_implicit(method: str, model: TwoLayerReLU) -> None:
+    """One line when ``method`` cannot train ``model`` because it is implicit."""
+    if model.implicit and not TRAINERS[method].implicit_ok:
+        able = [k for k in TRAINERS if TRAINERS[k].implicit_ok]
+        raise ValueError(
+            f"method={method!r} needs the stored weight matrix; an implicit model trains "
+            f"with method={' or '.join(map(repr, able))} (or convert it: model.to_explicit())"
+        )
+
+
 def _check_run_memory(
     method: str, X: np.ndarray, model: TwoLayerReLU, linear: bool, options: dict[str, Any]
 ) -> None:
@@ -320,8 +332,15 @@ def _check_run_memory(
     free = _validation.available_memory()
     if need(method, model.m) <= free:
         return
-    others = [k for k in TRAINERS if k != method and need(k, model.m) <= free]
-    width = widest_fitting(lambda m: need(method, m) + 8.0 * m * (d + model.outputs), model.m)
+    others = [
+        k
+        for k in TRAINERS
+        if k != method
+        and need(k, model.m) <= free
+        and (TRAINERS[k].implicit_ok or not model.implicit)
+    ]
+    stored = 0 if model.implicit else d  # the model's own W, per neuron
+    width = widest_fitting(lambda m: need(method, m) + 8.0 * m * (stored + model.outputs), model.m)
     hints = [f"m={width} would fit"] if width else []
     hints += [f"method={k!r} would fit" for k in others]
     check_memory(
@@ -509,8 +528,12 @@ def write_weights(model: TwoLayerReLU, trainer: Trainer) -> None:
     Block by block (:data:`~corrtree._config.WEIGHTS_BLOCK_BYTES`), in place: the
     model's rows hold ``W(0)`` until then, the band trainers read it from them,
     and each block depends on its own rows of ``W(0)`` only
-    (:meth:`~._base.Trainer.write_weights`).
+    (:meth:`~._base.Trainer.write_weights`).  An implicit model takes the run's
+    coefficients instead (:meth:`~.band.BandTrainer.implicit_update`): no ``m×d``.
     """
+    if model.implicit:
+        model._src = model._src.absorb(trainer.X, *trainer.implicit_update())
+        return
     block = _config.block_rows(8 * model.d, model.m, _config.WEIGHTS_BLOCK_BYTES)
     for s in range(0, model.m, block):
         trainer.write_weights(s, model._writable_rows(s, min(s + block, model.m)))

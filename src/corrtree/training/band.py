@@ -13,11 +13,13 @@ import numpy as np
 from numba import njit, prange
 
 from .. import _config
+from .._implicit import ImplicitWeights
 from .._validation import available_memory
 from ._anchors import BandState
 from ._base import Trainer
 from ._pairs import (
     by_data,
+    coefficients,
     dot_row,
     evaluate_neuron,
     forward,
@@ -267,7 +269,8 @@ def check_band(arrays: dict[str, np.ndarray], scalars: dict[str, Any], n: int) -
 
 
 class BandTrainer(Trainer):
-    """Base of the lazy and kernel trainers.
+    """Base of the lazy and kernel trainers: the ones that read ``W(0)`` only by blocks of
+    rows, so they also train implicit models (:mod:`corrtree._implicit`).
 
     Options
     -------
@@ -290,9 +293,11 @@ class BandTrainer(Trainer):
         certificate that is too tight: any value below 1 can miss crossings.
     """
 
+    implicit_ok = True
+
     def _prepare(
         self,
-        W0: np.ndarray,
+        W0: np.ndarray | ImplicitWeights,
         band: float | None = None,
         anchor_dtype: str | None = None,
         gemm_dtype: str = "float32",
@@ -326,7 +331,7 @@ class BandTrainer(Trainer):
 
     def weights(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         start, stop, _ = slice(start, stop).indices(self.m)
-        W = np.array(self.store.W0[start:stop])
+        W = self.store.w0.rows(start, stop, np.empty((stop - start, self.X.shape[1])))
         self.write_weights(start, W)
         return W
 
@@ -335,6 +340,18 @@ class BandTrainer(Trainer):
         self.store.update_weights(out, start, self.eta_s)
         if self.alpha != 1.0:
             out *= self.alpha
+
+    def implicit_update(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+        """``W(t) = α·(W(0) - C X)`` as ``(indptr, cols, coef, α)``: ``C`` in CSR over the
+        pairs that ever fired, in the order :meth:`write_weights` sums them (an implicit
+        model keeps these instead of ``W``).  O(m + Σ_r |prefix_r|)."""
+        st = self.store
+        indptr = np.zeros(self.m + 1, dtype=np.int64)
+        np.cumsum(st.seg[:, SUPP], out=indptr[1:])
+        cols = np.empty(int(indptr[-1]), dtype=np.int32)
+        coef = np.empty(int(indptr[-1]))
+        coefficients(st.seg, st.pool.arrays, self.a, st.E, self.eta_s, indptr, cols, coef)
+        return indptr, cols, coef, float(self.alpha)
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         st = self.store

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from .._io import atomic_savez
+from .._implicit import ImplicitWeights
+from .._io import atomic_savez, digest_of
 from ..model import TwoLayerReLU
 from ._base import Trainer
 from ._registry import TRAINERS
@@ -37,6 +38,7 @@ __all__ = [
     "data_digest",
     "digest_of",
     "load_checkpoint",
+    "model_arrays",
     "model_from_arrays",
     "save_checkpoint",
 ]
@@ -55,19 +57,6 @@ def data_digest(X: np.ndarray, Y: np.ndarray) -> str:
     return h.hexdigest()
 
 
-def digest_of(manifest: dict[str, Any], arrays: dict[str, np.ndarray]) -> str:
-    """BLAKE2b of the manifest (without its digest) and of every array."""
-    h = hashlib.blake2b(digest_size=32)
-    h.update(
-        json.dumps({k: v for k, v in manifest.items() if k != "digest"}, sort_keys=True).encode()
-    )
-    for name in sorted(arrays):
-        a = np.ascontiguousarray(arrays[name])
-        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
-        h.update(memoryview(a.reshape(-1).view(np.uint8)))
-    return h.hexdigest()
-
-
 def save_checkpoint(
     path: str | os.PathLike,
     model: TwoLayerReLU,
@@ -78,7 +67,7 @@ def save_checkpoint(
     """Write the run's state to ``path`` atomically; returns the file's digest."""
     state, scalars = trainer.state()
     arrays = {
-        "model_W": model.W,
+        **model_arrays(model),
         "model_a": model.output_weights,
         **{_STATE + k: v for k, v in state.items()},
     }
@@ -210,6 +199,14 @@ def check_entries(
             raise CheckpointError(f"{path}: manifest entry {key!r} must be a {kind.__name__}")
 
 
+def model_arrays(model: TwoLayerReLU) -> dict[str, np.ndarray]:
+    """The model's weights as checkpoint members: ``model_W``, or for an implicit model
+    its seed, coefficients and points (``model_w_*``, :meth:`ImplicitWeights.arrays`)."""
+    if model.implicit:
+        return model._src.arrays("model_w_")
+    return {"model_W": model.W}
+
+
 def model_from_arrays(
     path: str | os.PathLike,
     arrays: dict[str, np.ndarray],
@@ -218,7 +215,10 @@ def model_from_arrays(
     outputs: int,
 ) -> TwoLayerReLU:
     """The model of a checkpoint from its ``model_W``, ``model_a`` (float64, shapes that
-    fit ``d`` and ``outputs``) and the manifest's ``b``; CheckpointError otherwise."""
+    fit ``d`` and ``outputs``) and the manifest's ``b``, or from the ``model_w_*`` of an
+    implicit model; CheckpointError otherwise."""
+    if "model_w_seed" in arrays:
+        return _implicit_from_arrays(path, arrays, manifest, d, outputs)
     W, a = arrays.get("model_W"), arrays.get("model_a")
     if W is None or a is None:
         raise CheckpointError(f"{path}: the model's arrays are missing")
@@ -240,3 +240,23 @@ def model_from_arrays(
         return TwoLayerReLU(W, a[:, 0] if manifest["squeeze"] else a, manifest["b"])
     except ValueError as exc:
         raise CheckpointError(f"{path}: bad model ({exc})") from exc
+
+
+def _implicit_from_arrays(path, arrays, manifest, d, outputs) -> TwoLayerReLU:
+    try:
+        src = ImplicitWeights.from_arrays(arrays, "model_w_")
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: bad implicit model ({exc})") from exc
+    a = arrays.get("model_a")
+    if src.d != d:
+        raise CheckpointError(
+            f"{path}: the checkpointed model has d={src.d}, not {d} for this data"
+        )
+    if a is None or a.dtype != np.float64 or a.shape != (src.m, outputs):
+        raise CheckpointError(
+            f"{path}: the checkpointed model's output weights must be float64 of shape "
+            f"({src.m}, {outputs})"
+        )
+    if not np.isin(a, (-1.0, 1.0)).all() or not manifest["b"] == manifest["b"]:
+        raise CheckpointError(f"{path}: bad model (a must hold only +1 and -1)")
+    return TwoLayerReLU._of_implicit(src, np.array(a), manifest["b"], manifest["squeeze"])
