@@ -145,3 +145,30 @@ def sparse_step(W, F, X, a, err, step):
         for i in np.flatnonzero(F[r]):
             out[r] -= step * float(np.dot(a[r], err[i])) * X[i]
     return out
+
+
+def philox4x32_10(ctr: tuple[int, int, int, int], key: tuple[int, int]) -> tuple[int, ...]:
+    """Philox-4×32-10 from the definition (Salmon et al., SC 2011), Python integers."""
+    c0, c1, c2, c3 = ctr
+    k0, k1 = key
+    mask = 0xFFFFFFFF
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
+        c0, c1, c2, c3 = (p1 >> 32) ^ c1 ^ k0, p1 & mask, (p0 >> 32) ^ c3 ^ k1, p0 & mask
+        k0, k1 = (k0 + 0x9E3779B9) & mask, (k1 + 0xBB67AE85) & mask
+    return c0, c1, c2, c3
+
+
+def implicit_weight(seed: int, r: int, c: int) -> float:
+    """``W(0)[r, c]`` of the counter-based generator from its definition
+    (``corrtree/_philox.py``): Philox of counter ``(c // 2, r mod 2³², r div 2³², 0)``
+    under the key ``(seed mod 2³², seed div 2³²)``, two 53-bit uniforms, Box–Muller."""
+    import math
+
+    x0, x1, x2, x3 = philox4x32_10(
+        (c // 2, r & 0xFFFFFFFF, r >> 32, 0), (seed & 0xFFFFFFFF, seed >> 32)
+    )
+    u1 = ((x0 >> 5) * 2**26 + (x1 >> 6) + 1) / 2**53
+    u2 = ((x2 >> 5) * 2**26 + (x3 >> 6)) / 2**53
+    rad = math.sqrt(-2.0 * math.log(u1))
+    return rad * (math.cos if c % 2 == 0 else math.sin)(2.0 * math.pi * u2)

@@ -17,9 +17,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from . import _philox
+from . import _config, _philox
 
-__all__ = ["ImplicitWeights", "StoredWeights"]
+__all__ = ["ImplicitWeights", "StoredWeights", "forward_rows"]
 
 
 @njit(cache=True, parallel=True, fastmath={"contract"})
@@ -48,6 +48,49 @@ def _subtract(out, rows, start, indptr, cols, coef, X):
 
 
 _NO_ROWS = np.zeros(0, dtype=np.int64)
+
+
+@njit(cache=True, parallel=True, fastmath={"reassoc", "contract"})
+def _fire_exact(UT, thr, W, X, a, b, out, counts):
+    """For every point ``j`` (in parallel) and row ``k`` in order: where the float32
+    product ``UT[j, k]`` reaches ``thr[k]`` (``b`` less the row's float32 error bound),
+    the float64 product ``u = <W[k], X[j]>``, and if ``u >= b``: ``out[j] += a[k]·(u - b)``,
+    ``counts[j] += 1``.  The same firing set and values as a float64 GEMM; each point's
+    sum in a fixed order.  O(n·rows + d·candidates)."""
+    d = X.shape[1]
+    K = a.shape[1]
+    for j in prange(UT.shape[0]):
+        x = X[j]
+        for k in range(UT.shape[1]):
+            if UT[j, k] >= thr[k]:
+                w = W[k]
+                u = 0.0
+                for i in range(d):
+                    u += w[i] * x[i]
+                if u >= b:
+                    for c in range(K):
+                        out[j, c] += a[k, c] * (u - b)
+                    counts[j] += 1
+
+
+def forward_rows(W, X, X32, R, a, b, out, counts) -> bool:
+    """Add the outputs of neurons ``W`` (float64 rows, output weights ``a``) at the
+    points ``X`` (``X32``: in float32; ``R``: their largest norm) to ``out`` (before the
+    ``1/sqrt m`` scale), and their fire counts to ``counts``: a float32 GEMM, then
+    float64 products for the pairs within its error bound of ``b``
+    (``γ_{d+2}·||w_r||·R`` with :data:`~corrtree._config.GEMM32_SAFETY`, as at the band
+    trainers' set-up).  Returns ``False`` (nothing added) when a bound is too large
+    for float32 (:data:`~corrtree._config.FLOAT32_SAFE_ERROR`).  O(n·rows·d) in float32."""
+    d = W.shape[1]
+    gamma = (d + 2) * _config.U32 / (1.0 - (d + 2) * _config.U32)
+    err = _config.GEMM32_SAFETY * gamma * np.sqrt(np.einsum("ij,ij->i", W, W)) * R
+    if not (err < _config.FLOAT32_SAFE_ERROR).all():
+        return False
+    t = b - err
+    thr = t - _config.FLOAT32_QUERY_MARGIN * np.abs(t) - 1e-300
+    UT = X32 @ W.astype(np.float32).T
+    _fire_exact(UT, thr, W, X, a, float(b), out, counts)
+    return True
 
 
 class StoredWeights:

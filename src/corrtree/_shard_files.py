@@ -14,7 +14,7 @@ from ._io import atomic_savez, remove_stale_temporaries
 from .model import TwoLayerReLU
 from .training._registry import TRAINERS
 from .training._state import CheckpointError
-from .training.checkpoint import check_entries, digest_of
+from .training.checkpoint import check_entries, digest_of, model_arrays
 from .training.history import History
 
 __all__ = ["SHARDED_FORMAT", "arrays_of", "check_manifest", "save_shards"]
@@ -88,7 +88,7 @@ def save_shards(
         "history": hist.as_dict(),
         "meta": meta,
     }
-    arrays = {"model_W": model.W, "model_a": model.output_weights}
+    arrays = {**model_arrays(model), "model_a": model.output_weights}
     manifest["digest"] = digest_of(manifest, arrays)
     atomic_savez(path, manifest=np.array(json.dumps(manifest)), **arrays)
     for old in path.parent.glob(f"{path.stem}.t*.shard*.npz"):

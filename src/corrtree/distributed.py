@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from . import _config
+from ._implicit import ImplicitWeights
 from ._shard_files import SHARDED_FORMAT, arrays_of, check_manifest, save_shards
 from .model import TwoLayerReLU
 from .training._base import PHASES, Trainer
@@ -117,16 +118,20 @@ class Shard:
         method: str,
         X: np.ndarray,
         Y: np.ndarray,
-        W: np.ndarray,
+        W: np.ndarray | ImplicitWeights,
         a: np.ndarray,
         b: float,
         width: int,
         options: dict[str, Any],
     ) -> dict:
-        """Preprocess the slice (``W``, ``a`` its rows); the learning rate comes later."""
+        """Preprocess the slice (``W``, ``a`` its rows; an implicit slice regenerates its
+        own rows from the seed); the learning rate comes later."""
         _limit_threads()
         self._data(X, Y)
-        self.model = TwoLayerReLU(W, a, b, copy=False)  # the received rows are this shard's
+        if isinstance(W, ImplicitWeights):
+            self.model = TwoLayerReLU._of_implicit(W, np.array(a), b, squeeze=False)
+        else:
+            self.model = TwoLayerReLU(W, a, b, copy=False)  # the received rows are this shard's
         self._prepared = TRAINERS[method].prepare(
             self.model, self.X, self.Y, self.G, width, **options
         )
@@ -224,6 +229,11 @@ class Shard:
         """Rows ``start:stop`` (slice-local) of the current weights."""
         _limit_threads()
         return self.trainer.weights(start, stop)
+
+    def implicit_update(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+        """The slice's coefficients (:meth:`~.training.band.BandTrainer.implicit_update`)."""
+        _limit_threads()
+        return self.trainer.implicit_update()
 
     def save(self, path: str, meta: dict[str, Any]) -> str:
         """Write this shard's exact state to ``path`` (atomic); returns its digest."""
@@ -354,12 +364,18 @@ def train_sharded(
     count = max(1, min(shards, model.m))
     pool = _Actors(client, count) if client is not None else _InProcess(count)
     slices = _slices(model.m, count)
-    W, a = model.W, model.output_weights
+    a = model.output_weights
+    if model.implicit:  # no rows travel: each shard regenerates its own
+        if not TRAINERS[method].implicit_ok:
+            raise ValueError(f"method={method!r} needs the stored weight matrix")
+        rows = [model._src.shard(s, e) for s, e in slices]
+    else:
+        rows = [model.W[s:e] for s, e in slices]  # views: no copies
     infos = pool.call(
         "prepare",
         [
-            (method, X, Y, W[s:e], a[s:e], model.b, model.m, options)  # views: no copies
-            for s, e in slices
+            (method, X, Y, W, a[s:e], model.b, model.m, options)
+            for W, (s, e) in zip(rows, slices, strict=True)
         ],
     )
     t_lr = time.perf_counter()
@@ -386,7 +402,7 @@ def train_sharded(
     parts = pool.call("start", [(lr,)] * count)
     hist = History.of_run(method, lr, model, X, t0, {**info, "lr_auto": meta.get("lr_auto", False)})
     meta = {**meta, "options": options}
-    return _drive(model, Y, pool, slices, parts, hist, meta, callback, checkpoint, run)
+    return _drive(model, X, Y, pool, slices, parts, hist, meta, callback, checkpoint, run)
 
 
 def resume_sharded(
@@ -422,6 +438,11 @@ def resume_sharded(
     count = max(1, min(shards, m))
     slices = _slices(m, count)
     if slices != old:  # new shards start from W(t): W(t) is their W(0), α(t) their 1
+        if _implicit_run(path):
+            raise ValueError(
+                f"an implicit run resumes on its own {len(old)} shards only (new shards "
+                f"would start from stored rows of W(t)); got shards={count}"
+            )
         if run.sgd.momentum > 0:
             raise ValueError(
                 f"a run with momentum resumes on its own {len(old)} shards only (the "
@@ -453,11 +474,11 @@ def resume_sharded(
         meta["iters"] = iters
     hist.info.update(shards=count, workers=pool.workers, slices=slices)
     return model, _drive(
-        model, Y, pool, slices, parts, hist, meta, callback, checkpoint or path, run
+        model, X, Y, pool, slices, parts, hist, meta, callback, checkpoint or path, run
     )
 
 
-def _drive(model, Y, pool, slices, parts, hist, meta, callback, checkpoint, run) -> History:
+def _drive(model, X, Y, pool, slices, parts, hist, meta, callback, checkpoint, run) -> History:
     """The iterations from ``len(hist)`` to ``meta["iters"]``, then ``W(T)`` into ``model``."""
     count = len(slices)
     stop: list[int] = []
@@ -517,7 +538,7 @@ def _drive(model, Y, pool, slices, parts, hist, meta, callback, checkpoint, run)
             np.sum((sum(pool.call("final_outputs", [()] * count)) - Y) ** 2)
         )
         check_divergence(hist, hist.lr, meta["patience"])
-        _gather_weights(model, pool, slices)
+        _gather_weights(model, X, pool, slices)
     except WorkerLost as exc:
         where = (
             f"resume from the checkpoint {checkpoint} (iteration {last_saved})"
@@ -533,9 +554,26 @@ def _drive(model, Y, pool, slices, parts, hist, meta, callback, checkpoint, run)
     return hist
 
 
-def _gather_weights(model: TwoLayerReLU, pool, slices) -> None:
+def _implicit_run(path: Path) -> bool:
+    """Whether the sharded checkpoint at ``path`` holds an implicit model."""
+    with np.load(path, allow_pickle=False) as data:
+        return "model_w_seed" in data.files
+
+
+def _gather_weights(model: TwoLayerReLU, X: np.ndarray, pool, slices) -> None:
     """``W(T)`` into the model in rounds: every shard sends its next block of rows at
-    once, so that the driver holds at most :data:`~corrtree._config.MODEL_BLOCK_BYTES`."""
+    once, so that the driver holds at most :data:`~corrtree._config.MODEL_BLOCK_BYTES`.
+    An implicit model gathers the shards' coefficients instead (O(pairs), no rows)."""
+    if model.implicit:
+        parts = pool.call("implicit_update", [()] * len(slices))
+        indptr = np.zeros(model.m + 1, dtype=np.int64)
+        for (s, e), (ip, _, _, _) in zip(slices, parts, strict=True):
+            indptr[s + 1 : e + 1] = np.diff(ip)
+        np.cumsum(indptr, out=indptr)
+        cols = np.concatenate([p[1] for p in parts])
+        coef = np.concatenate([p[2] for p in parts])
+        model._src = model._src.absorb(X, indptr, cols, coef, parts[0][3])
+        return
     block = _config.block_rows(8 * model.d * len(slices), model.m, _config.MODEL_BLOCK_BYTES)
     longest = max(e - s for s, e in slices)
     for lo in range(0, longest, block):

@@ -14,7 +14,7 @@ import zipfile
 import numpy as np
 
 from . import _config, _philox, _validation
-from ._implicit import ImplicitWeights, StoredWeights
+from ._implicit import ImplicitWeights, StoredWeights, forward_rows
 from ._io import atomic_savez, digest_of
 from ._validation import (
     as_matrix,
@@ -306,23 +306,35 @@ class TwoLayerReLU:
     def _blocks(self, n: int):
         """Neuron blocks whose products (block × n float64) take at most
         :data:`~corrtree._config.MODEL_BLOCK_BYTES`."""
-        block = _config.block_rows(8 * (n + self.d), self.m, _config.MODEL_BLOCK_BYTES)
+        # float64 products and rows (float32 products and rows, a float64 copy)
+        block = _config.block_rows(8 * (n + 2 * self.d), self.m, _config.MODEL_BLOCK_BYTES)
         return range(0, self.m, block), block
 
     def _forward(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Outputs ``(n, K)`` and fire counts ``(n,)``, computed in neuron blocks."""
+        """Outputs ``(n, K)`` and fire counts ``(n,)``, computed in neuron blocks.
+
+        An implicit model regenerates each block's rows and finds its firing pairs
+        with a float32 GEMM, recomputing in float64 every product within the GEMM's
+        error bound of ``b`` (:func:`~corrtree._implicit.forward_rows`): the same firing
+        set and float64 values as a float64 GEMM, at about half its cost.
+        """
         n = X.shape[0]
         out = np.zeros((n, self.outputs))
         counts = np.zeros(n, dtype=np.int64)
         starts, block = self._blocks(n)
+        X32 = X.astype(np.float32) if self.implicit else None
+        R = float(np.sqrt(np.einsum("ij,ij->i", X, X)).max()) if n else 0.0
         for s in starts:
             rows = self._src.rows(s, min(s + block, self.m))
+            a = self._a[s : s + block]
+            if X32 is not None and forward_rows(rows, X, X32, R, a, self._b, out, counts):
+                continue
             U = rows @ X.T
             fire = U >= self._b
             counts += fire.sum(axis=0)
             U -= self._b
             np.maximum(U, 0.0, out=U)
-            out += U.T @ self._a[s : s + block]
+            out += U.T @ a
         out /= math.sqrt(self.m)
         return out, counts
 

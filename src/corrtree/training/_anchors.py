@@ -19,6 +19,7 @@ Certificate
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 from numba import njit, prange
@@ -394,10 +395,14 @@ class BandState:
         # regenerated weights need a block of their own; stored ones are read in place
         w64 = self.buffer("weights", (rows_in_block, d)) if w0.implicit else None
         mean_fire = 0.0
+        clock = time.perf_counter
+        took = self.setup_s = dict.fromkeys(("generate", "gemm", "scan", "exact"), 0.0)
         for s in range(0, m, block):
             e = min(s + block, m)
             rows = np.arange(s, e, dtype=np.int64)
+            t0 = clock()
             W0 = w0.rows(s, e, None if w64 is None else w64[: e - s])
+            t1 = clock()
             if gemm32:
                 self.nf[s:e, LEAF_ERR] = float32_error(W0, self.R, w32[: e - s])
                 A, B = w32[: e - s], X32
@@ -406,6 +411,7 @@ class BandState:
             U = np.matmul(A, B.T, out=self.V[s:e] if keep else buf[: e - s])
             if self.V is not None and gemm32:  # float64 rows holding the float32 products
                 self.V[s:e] = U
+            t2 = clock()
             leaf_err = self.nf[s:e, LEAF_ERR]
             fires = fire_counts(U, self.b)
             if s == 0:  # the mean fire count of the first block sets the scale
@@ -416,11 +422,15 @@ class BandState:
             if s == 0:  # size the pool from the first block, with a margin
                 per = (counts.sum() + _config.SEGMENT_SLACK_ADD * rows.shape[0]) / rows.shape[0]
                 self.pool.reserve(int(_config.POOL_FIRST_BLOCK_MARGIN * per * m))
-            self.pool.place(self.seg, rows, counts)
+            self.pool.place(self.seg, rows, counts, tight=w0.implicit)
             fill_new_anchors(U, rows, tau[: e - s], leaf_err, self.seg, self.pool.arrays, self.b)
+            t3 = clock()
             if gemm32:  # the float32 values only chose the entries: recompute them
                 exact_entries_from_w(W0, X, rows, self.seg, self.pool.arrays, s)
                 reorder_after_exact(rows, self.seg, self.pool.arrays, self.b)
+            t4 = clock()
+            for key, dt in zip(took, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+                took[key] += dt
 
     @property
     def nbytes(self) -> int:

@@ -155,9 +155,16 @@ class Pool:
         if self.arrays.vel.shape[0] != self.capacity:
             self.arrays = self.arrays._replace(vel=zeros(self.capacity, np.float64))
 
-    def place(self, seg: np.ndarray, rows: np.ndarray, counts: np.ndarray) -> None:
-        """Give each neuron of ``rows`` a fresh, empty segment of capacity above its count."""
-        caps = counts + counts // _config.SEGMENT_SLACK_DIV + _config.SEGMENT_SLACK_ADD
+    def place(
+        self, seg: np.ndarray, rows: np.ndarray, counts: np.ndarray, tight: bool = False
+    ) -> None:
+        """Give each neuron of ``rows`` a fresh, empty segment of capacity above its count
+        (``tight``: with the smaller slack of :data:`~corrtree._config.SEGMENT_SLACK_DIV_TIGHT`)."""
+        if tight:
+            div, add = _config.SEGMENT_SLACK_DIV_TIGHT, _config.SEGMENT_SLACK_ADD_TIGHT
+        else:
+            div, add = _config.SEGMENT_SLACK_DIV, _config.SEGMENT_SLACK_ADD
+        caps = counts + counts // div + add
         self.reserve(int(caps.sum()))
         starts = self.used + np.concatenate(([0], np.cumsum(caps)[:-1]))
         seg[rows, START] = starts

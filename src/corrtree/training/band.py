@@ -321,7 +321,13 @@ class BandTrainer(Trainer):
         self.flips = 0
         self.cert = float(_certificate_scale)
         self.evaluated = 0  # pairs computed exactly since the last History row
-        self.info.update(band=band, anchor_dtype=str(np.dtype(anchor_dtype)), gemm_dtype=gemm_dtype)
+        self.info.update(
+            band=band,
+            anchor_dtype=str(np.dtype(anchor_dtype)),
+            gemm_dtype=gemm_dtype,
+            setup_s=st.setup_s,
+            implicit=st.w0.implicit,
+        )
 
     def initial_fire_sets(self) -> tuple[np.ndarray, np.ndarray]:
         return self.store.firing_csr()
