@@ -54,9 +54,13 @@ def test_normals_follow_their_definition():
 def test_rows_are_independent_of_the_block_they_come_in():
     seed = 3
     whole = _philox.normal_rows(seed, 0, np.empty((300, 33)))
-    np.testing.assert_array_equal(_philox.normal_rows(seed, 120, np.empty((17, 33))), whole[120:137])
+    np.testing.assert_array_equal(
+        _philox.normal_rows(seed, 120, np.empty((17, 33))), whole[120:137]
+    )
     perm = np.random.default_rng(0).permutation(300)
-    np.testing.assert_array_equal(_philox.normal_take(seed, 0, perm, np.empty((300, 33))), whole[perm])
+    np.testing.assert_array_equal(
+        _philox.normal_take(seed, 0, perm, np.empty((300, 33))), whole[perm]
+    )
     # a shard's row r is the generator's offset + r
     np.testing.assert_array_equal(
         _philox.normal_take(seed, 100, np.arange(5), np.empty((5, 33))), whole[100:105]
@@ -112,7 +116,7 @@ def test_implicit_model_interface(tmp_path):
     explicit = model.to_explicit()
     assert not explicit.implicit and explicit.seed is None
     np.testing.assert_array_equal(explicit.W, W)
-    np.testing.assert_array_equal(model.predict(X), explicit.predict(X))
+    np.testing.assert_allclose(model.predict(X), explicit.predict(X), rtol=0, atol=1e-13)
     np.testing.assert_array_equal(explicit.weights(3, 9), W[3:9])
     model.export_weights(tmp_path / "W.npy")
     np.testing.assert_array_equal(np.load(tmp_path / "W.npy", mmap_mode="r"), W)
@@ -226,7 +230,13 @@ def test_implicit_checkpoint_resumes_bit_for_bit(tmp_path, method):
     part = ct.TwoLayerReLU.init(d=10, m=2**12, outputs=2, seed=8, implicit=True)
     ck = tmp_path / "run.ckpt"
     ct.train(
-        part, X, y, method=method, iters=20, checkpoint=ck, checkpoint_every=7,
+        part,
+        X,
+        y,
+        method=method,
+        iters=20,
+        checkpoint=ck,
+        checkpoint_every=7,
         callback=lambda t, h: t < 9,
     )
     with np.load(ck) as data:
@@ -242,3 +252,119 @@ def test_implicit_checkpoint_resumes_bit_for_bit(tmp_path, method):
     np.savez(tmp_path / "bad.ckpt.npz", **arrays)
     with pytest.raises(CheckpointError, match="damaged"):
         ct.resume(tmp_path / "bad.ckpt.npz", X, y)
+
+
+@pytest.mark.parametrize("method", ["lazy", "kernel"])
+def test_sharded_implicit_runs_regenerate_their_rows(tmp_path, method):
+    X, rng = _sphere(64, 8)
+    y = rng.standard_normal((64, 2))
+    one = ct.TwoLayerReLU.init(d=8, m=2**12, outputs=2, seed=3, implicit=True)
+    ct.train(one, X, y, method=method, iters=12)
+    sharded = ct.TwoLayerReLU.init(d=8, m=2**12, outputs=2, seed=3, implicit=True)
+    hist = ct.train(sharded, X, y, method=method, iters=12, shards=3)
+    assert sharded.implicit and hist.info["shards"] == 3
+    np.testing.assert_allclose(sharded.weights(), one.weights(), atol=1e-12)
+    # a sharded checkpoint stores no rows and resumes on its own shards only
+    part = ct.TwoLayerReLU.init(d=8, m=2**12, outputs=2, seed=3, implicit=True)
+    ck = tmp_path / "sharded.npz"
+    ct.train(
+        part,
+        X,
+        y,
+        method=method,
+        iters=12,
+        shards=3,
+        checkpoint=ck,
+        checkpoint_every=4,
+        callback=lambda t, h: t < 5,
+    )
+    for f in tmp_path.glob("*.npz"):
+        with np.load(f) as data:
+            assert not any(k.endswith("_W") for k in data.files), f.name
+    model, _ = ct.resume(ck, X, y)
+    np.testing.assert_array_equal(model.weights(), sharded.weights())
+    with pytest.raises(ValueError, match="resumes on its own 3 shards only"):
+        ct.resume(ck, X, y, shards=2)
+
+
+def test_implicit_forward_finds_the_same_firing_pairs():
+    """predict of an implicit model: float32 GEMM, float64 near b; the float64 GEMM's
+    firing set and values."""
+    X, rng = _sphere(300, 40)
+    model = ct.TwoLayerReLU.init(d=40, m=3000, outputs=2, seed=12, implicit=True)
+    ct.train(model, X[:100], rng.standard_normal((100, 2)), method="kernel", iters=5)
+    explicit = model.to_explicit()
+    np.testing.assert_array_equal(model.fire_counts(X), explicit.fire_counts(X))
+    np.testing.assert_allclose(model.predict(X), explicit.predict(X), rtol=0, atol=1e-13)
+    # b exactly at one product: that pair fires in both
+    W = model.weights()
+    edge = ct.TwoLayerReLU._of_implicit(model._src, model._a, float(W[7] @ X[3]), False)
+    counts = edge.fire_counts(X)
+    assert counts[3] >= 1
+    np.testing.assert_array_equal(counts, edge.to_explicit().fire_counts(X))
+
+
+def test_cli_trains_and_predicts_an_implicit_model(tmp_path):
+    from test_cli import run
+
+    out = tmp_path / "run"
+    run(
+        "train",
+        "--data",
+        "breast_cancer",
+        "--width",
+        1024,
+        "--iters",
+        5,
+        "--implicit",
+        "--out",
+        out,
+        "--quiet",
+    )
+    model = ct.TwoLayerReLU.load(out / "model.npz")
+    assert model.implicit and model.m == 1024
+    ds = ct.datasets.breast_cancer()
+    np.savetxt(tmp_path / "x.csv", ds.X_test, delimiter=",")
+    proc = run("predict", "--model", out / "model.npz", "--data", tmp_path / "x.csv")
+    assert len(proc.stdout.split()) >= ds.X_test.shape[0]
+    bad = run(
+        "train",
+        "--data",
+        "breast_cancer",
+        "--width",
+        256,
+        "--implicit",
+        "--method",
+        "dense",
+        "--out",
+        tmp_path / "bad",
+        "--quiet",
+        check=False,
+    )
+    assert bad.returncode != 0 and "needs the stored weight matrix" in bad.stderr.splitlines()[-1]
+
+
+def test_estimators_train_implicit_models():
+    pytest.importorskip("sklearn")
+    from corrtree.sklearn import CorrTreeClassifier
+
+    ds = ct.datasets.breast_cancer()
+    kw = dict(width=2048, iters=20, random_state=0, method="kernel")
+    implicit = CorrTreeClassifier(implicit=True, **kw).fit(ds.X_train, ds.y_train)
+    assert implicit.model_.implicit
+    assert implicit.score(ds.X_test, ds.y_test) > 0.8
+
+
+def test_wide_benchmark_measures_what_it_reports(tmp_path):
+    """The pieces of ``benchmarks/bench_wide.py`` at a tiny size, in this process."""
+    from corrtree.bench import wide
+
+    path = str(tmp_path / "wide.npz")
+    res = wide.implicit_run(64, 16, 2**11, 6, path)
+    assert res["m"] == 2**11 and res["pairs_ever_fired"] > 0
+    assert abs(res["final_loss"] - res["dense_forward_loss"]) <= 1e-9 * max(1, res["final_loss"])
+    phases = ("generate_s", "gemm_s", "scan_s", "exact_s", "lr_s", "iterations_s")
+    assert sum(res[k] for k in phases) <= res["total_s"] + 1e-6
+    assert res["file_bytes"] == (tmp_path / "wide.npz").stat().st_size
+    pred = wide.predict_run(path, 50, 16)
+    assert pred["finite"] and pred["points"] == 50

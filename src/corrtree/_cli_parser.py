@@ -107,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="training method (default auto: cheapest by the cost model)",
     )
     p.add_argument(
+        "--implicit",
+        action="store_true",
+        help="never store W: regenerate W(0) from the seed (counter-based generator) and "
+        "keep only the coefficients of the pairs that ever fired; for widths beyond "
+        "memory (methods lazy and kernel)",
+    )
+    p.add_argument(
         "--iters", type=_count, default=None, help="gradient steps (default 100; or --epochs)"
     )
     p.add_argument(
@@ -245,8 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--suite",
         default="ddfn,train,lazy,kernel",
-        help="comma-separated suites: ddfn, train, lazy, kernel, distributed (default: all but "
-        "distributed, which needs corrtree[distributed])",
+        help="comma-separated suites: ddfn, train, lazy, kernel, distributed, wide (default: "
+        "all but distributed and wide, which need corrtree[distributed])",
     )
     p.add_argument(
         "--out",

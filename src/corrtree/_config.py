@@ -77,6 +77,9 @@ FLOAT32_SAFE_ERROR = 1e26
 #: Bytes a tracked pair of the band trainers takes in the pool, its spare capacity and
 #: scratch space included (measured: W1 at m = 2^20); the memory check before a run.
 POOL_BYTES_PER_PAIR = 110.0
+#: The same for an implicit model's run, whose segments get the tight slack
+#: (``SEGMENT_SLACK_DIV_TIGHT``): measured 61 at W1, m = 2^20, with a margin.
+POOL_BYTES_PER_PAIR_IMPLICIT = 70.0
 #: Bytes of a neuron's rows in the band trainers' tables (``seg``, ``nf``, keys, drifts).
 NEURON_TABLE_BYTES = 160.0
 #: Bytes per weight-data pair of the paper's trees (products and their max levels).

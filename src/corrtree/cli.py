@@ -128,7 +128,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
     lr = "auto" if args.lr == "auto" else _positive_float(args.lr, "--lr")
     model = TwoLayerReLU.init(
-        d=ds.X_train.shape[1], m=args.width, outputs=ds.outputs, seed=args.seed
+        d=ds.X_train.shape[1],
+        m=args.width,
+        outputs=ds.outputs,
+        seed=args.seed,
+        implicit=args.implicit,
     )
     run_id = uuid.uuid4().hex
     sgd = {
@@ -459,7 +463,7 @@ def _predict_inputs(path: str, d: int, header: bool | None) -> tuple[np.ndarray,
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import ddfn, fast
+    from .bench import ddfn, fast, wide
     from .bench import distributed as bench_distributed
     from .bench import train as bench_train
 
@@ -469,6 +473,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "lazy": fast.run_lazy,
         "kernel": fast.run_kernel,
         "distributed": bench_distributed.run,
+        "wide": wide.run,
     }
     for name in args.suite.split(","):
         if name not in suites:

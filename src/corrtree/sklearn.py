@@ -40,6 +40,7 @@ class _CorrTreeBase(BaseEstimator):
         nesterov: bool = False,
         weight_decay: float = 0.0,
         schedule: str | None = None,
+        implicit: bool = False,
     ) -> None:
         self.width = width
         self.method = method
@@ -55,6 +56,7 @@ class _CorrTreeBase(BaseEstimator):
         self.nesterov = nesterov
         self.weight_decay = weight_decay
         self.schedule = schedule
+        self.implicit = implicit
 
     def _fit(self, X: np.ndarray, Y: np.ndarray) -> None:
         if (
@@ -73,7 +75,12 @@ class _CorrTreeBase(BaseEstimator):
         self.transform_ = InputTransform.fit(X, bool(self.standardize), bool(self.normalize))
         X = self.transform_(X)
         self.model_ = TwoLayerReLU.init(
-            d=X.shape[1], m=int(self.width), b=self.threshold, outputs=Y.shape[1], seed=int(seed)
+            d=X.shape[1],
+            m=int(self.width),
+            b=self.threshold,
+            outputs=Y.shape[1],
+            seed=int(seed),
+            implicit=self.implicit,
         )
         self.history_: History = train(
             self.model_,
@@ -128,6 +135,11 @@ class CorrTreeRegressor(RegressorMixin, _CorrTreeBase):
     batch_size, epochs, momentum, nesterov, weight_decay, schedule
         Mini-batch SGD as :func:`corrtree.train` (default: full batch, ``iters``
         steps; with ``epochs``, ``iters`` is not used).
+    implicit : bool, default False
+        Regenerate ``W(0)`` from the seed instead of storing it
+        (:meth:`TwoLayerReLU.init`): widths beyond memory, trained by the lazy or
+        kernel method; ``model_`` then stores only the coefficients of the pairs
+        that ever fired.
 
     Attributes
     ----------

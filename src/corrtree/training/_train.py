@@ -327,7 +327,7 @@ def _check_run_memory(
     band_share = fire_share(np.linalg.norm(X, axis=1), model.b - band)
 
     def need(meth: str, m: int) -> float:
-        return memory_need(meth, n, m, d, model.outputs, band_share, linear)
+        return memory_need(meth, n, m, d, model.outputs, band_share, linear, model.implicit)
 
     free = _validation.available_memory()
     if need(method, model.m) <= free:

@@ -134,21 +134,36 @@ def estimate(
 
 
 def memory_need(
-    method: str, n: int, m: int, d: int, outputs: int, band_share: float, linear: bool = False
+    method: str,
+    n: int,
+    m: int,
+    d: int,
+    outputs: int,
+    band_share: float,
+    linear: bool = False,
+    implicit: bool = False,
 ) -> float:
     """Modelled bytes a one-process run of ``method`` allocates beyond the model itself:
     the trainer's copy of ``W`` (dense and the tree methods; its momentum buffers too,
     with ``linear`` steps), the products the paper's trees keep, the tracked pairs of the
     band trainers (``n·m·band_share`` pairs at the start, at
     :data:`~corrtree._config.POOL_BYTES_PER_PAIR`), their per-neuron tables, the kernel
-    trainer's ``nK × nK`` NTK matrix, and ``G``."""
+    trainer's ``nK × nK`` NTK matrix, and ``G``.  With ``implicit`` (an implicit model,
+    band trainers only): the pairs at :data:`~corrtree._config.POOL_BYTES_PER_PAIR_IMPLICIT`,
+    a set-up block of regenerated rows, and the trained model's coefficients (12 bytes
+    a pair, the tracked pairs bounding those that ever fire)."""
     K = outputs
     common = 8.0 * n * n + 8.0 * n * d
     if method == "dense":
         return common + 8.0 * m * d * (2 if linear else 1)
     if method in ("dtree", "wtree"):
         return common + 8.0 * m * d * (2 if linear else 1) + _config.TREE_BYTES_PER_PAIR * n * m
-    pairs = n * m * band_share * _config.POOL_BYTES_PER_PAIR
+    tracked = n * m * band_share
+    if implicit:
+        rows = min(m, _config.block_rows(4 * n, m, _config.ANCHOR_BLOCK_BYTES))
+        pairs = tracked * (_config.POOL_BYTES_PER_PAIR_IMPLICIT + 12.0) + 12.0 * rows * d
+    else:
+        pairs = tracked * _config.POOL_BYTES_PER_PAIR
     need = common + pairs + _config.NEURON_TABLE_BYTES * m + 8.0 * m * K
     if linear:
         need += 8.0 * n * m * band_share  # the pairs' velocities
