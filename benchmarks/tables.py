@@ -464,7 +464,7 @@ def wide_runs(res: dict) -> str:
                 _ms(r["scan_s"] + r["exact_s"]),
                 _ms(r["iterations_s"]),
                 f"{r['peak_rss_gib']:.1f} GiB",
-                f"{r['pairs_ever_fired']:.3g}",
+                f"{r['pairs_ever_fired'] / 1e6:.1f} M",
             ]
         )
     return _table(
@@ -498,7 +498,7 @@ def wide(res: dict) -> str:
         beyond = (r["file_bytes"] - 9 * r["m"] - 8 * res["n"] * res["d"]) / r["pairs_ever_fired"]
         out += [
             f"Saved at m={_pow2(r['m'])}: {r['file_bytes'] / 2**30:.2f} GiB for "
-            f"{r['pairs_ever_fired']:.3g} pairs that ever fired: "
+            f"{r['pairs_ever_fired'] / 1e6:.1f} M pairs that ever fired: "
             f"{beyond:.1f} bytes a pair beyond 9 bytes a neuron and the training points "
             f"({r['file_bytes_per_pair']:.1f} with them), against "
             f"{r['matrix_bytes'] / 2**30:.0f} GiB for the matrix.",

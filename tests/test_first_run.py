@@ -99,7 +99,7 @@ def test_no_compilation_inside_a_timed_run(tmp_path):
     """In a fresh process with an empty kernel cache: after the warm-up of a method,
     runs of several shapes, outputs and flip patterns compile nothing (numba's compile
     events; loads from the cache raise none).  The kernel trainer: it reaches the most
-    kernels."""
+    kernels; then an implicit model's."""
     code = """
 import corrtree as ct
 from numba.core import event
@@ -116,6 +116,14 @@ with event.install_listener("numba:compile", Count()):
     for n, d, m, K in ((40, 16, 2048, 3), (256, 64, 4096, 1), (300, 50, 20000, 1)):
         ds = ct.datasets.sphere(n=n, d=d, outputs=K, seed=0)
         model = ct.TwoLayerReLU.init(d=d, m=m, outputs=K, seed=0)
+        hist = ct.train(model, ds.X_train, ds.y_train, method="kernel", iters=20)
+        assert hist.info["compile_s"] == 0.0
+# an implicit model: its generator, its coefficients, a second run from them
+ensure(train, "kernel", False, True)
+with event.install_listener("numba:compile", Count()):
+    ds = ct.datasets.sphere(n=256, d=64, seed=0)
+    model = ct.TwoLayerReLU.init(d=64, m=8192, seed=0, implicit=True)
+    for _ in range(2):
         hist = ct.train(model, ds.X_train, ds.y_train, method="kernel", iters=20)
         assert hist.info["compile_s"] == 0.0
 print("compiled", len(compiled), compiled)

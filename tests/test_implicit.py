@@ -143,7 +143,7 @@ def test_implicit_init_checks_memory_of_a_only(monkeypatch):
 def test_implicit_and_explicit_runs_follow_one_trajectory(method, K):
     X, rng = _sphere(96, 12)
     y = rng.standard_normal((96, K)) if K > 1 else rng.standard_normal(96)
-    implicit = ct.TwoLayerReLU.init(d=12, m=2**13, outputs=K, seed=9, implicit=True)
+    implicit = ct.TwoLayerReLU.init(d=12, m=2**16, outputs=K, seed=9, implicit=True)
     explicit = implicit.to_explicit()
     hi = ct.train(implicit, X, y, method=method, iters=25)
     he = ct.train(explicit, X, y, method=method, iters=25)
@@ -225,9 +225,10 @@ def test_implicit_model_file(tmp_path):
 def test_implicit_checkpoint_resumes_bit_for_bit(tmp_path, method):
     X, rng = _sphere(80, 10)
     y = rng.standard_normal((80, 2))
-    whole = ct.TwoLayerReLU.init(d=10, m=2**12, outputs=2, seed=8, implicit=True)
+    whole = ct.TwoLayerReLU.init(d=10, m=2**16, outputs=2, seed=8, implicit=True)
+    explicit = whole.to_explicit()  # the same W(0)
     hw = ct.train(whole, X, y, method=method, iters=20)
-    part = ct.TwoLayerReLU.init(d=10, m=2**12, outputs=2, seed=8, implicit=True)
+    part = ct.TwoLayerReLU.init(d=10, m=2**16, outputs=2, seed=8, implicit=True)
     ck = tmp_path / "run.ckpt"
     ct.train(
         part,
@@ -245,6 +246,20 @@ def test_implicit_checkpoint_resumes_bit_for_bit(tmp_path, method):
     assert model.implicit
     np.testing.assert_array_equal(hr.loss, hw.loss)
     np.testing.assert_array_equal(model.weights(), whole.weights())
+    # the explicit model from the same W(0), interrupted and resumed too
+    ck2 = tmp_path / "explicit.ckpt"
+    ct.train(
+        explicit,
+        X,
+        y,
+        method=method,
+        iters=20,
+        checkpoint=ck2,
+        checkpoint_every=7,
+        callback=lambda t, h: t < 9,
+    )
+    back, _ = ct.resume(ck2, X, y)
+    np.testing.assert_allclose(back.W, model.weights(), rtol=0, atol=1e-9)
     # a tampered seed is refused before anything runs
     with np.load(ck) as data:
         arrays = {k: np.array(data[k]) for k in data.files}
@@ -368,3 +383,17 @@ def test_wide_benchmark_measures_what_it_reports(tmp_path):
     assert res["file_bytes"] == (tmp_path / "wide.npz").stat().st_size
     pred = wide.predict_run(path, 50, 16)
     assert pred["finite"] and pred["points"] == 50
+
+
+def test_a_streamed_run_that_would_not_fit_is_refused_in_one_line(monkeypatch):
+    import corrtree._validation as v
+    from corrtree.training.costs import memory_need
+
+    X, rng = _sphere(128, 16)
+    model = ct.TwoLayerReLU.init(d=16, m=2**16, implicit=True)
+    implicit = memory_need("kernel", 128, 2**16, 16, 1, 0.05, implicit=True)
+    monkeypatch.setattr(v, "available_memory", lambda: 0.5 * implicit)
+    with pytest.raises(MemoryError, match=r"method='kernel' at n=128, m=65536, d=16 needs") as err:
+        ct.train(model, X, rng.standard_normal(128), method="kernel", iters=2)
+    assert "\n" not in str(err.value) and "would fit" in str(err.value)
+    assert "'dense'" not in str(err.value)  # a method that cannot train it is not offered

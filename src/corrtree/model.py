@@ -58,6 +58,11 @@ def as_targets(y: object, n: int, outputs: int, name: str = "y") -> np.ndarray:
 class TwoLayerReLU:
     """The network 2NN(m, b) of the paper; only ``W`` is trained.
 
+    An *explicit* model (this constructor, or :meth:`init`) stores ``W``; an *implicit*
+    one (``init(..., implicit=True)``) stores none of it: its rows are regenerated from
+    the seed and the coefficients of its training (:mod:`corrtree._implicit`), and
+    :meth:`weights` materializes any block of them.
+
     Parameters
     ----------
     W : array_like, shape (m, d)
@@ -78,6 +83,9 @@ class TwoLayerReLU:
     (3,)
     >>> round(model.b, 4)
     1.2899
+    >>> wide = ct.TwoLayerReLU.init(d=3, m=64, seed=0, implicit=True)
+    >>> wide.implicit, wide.weights(0, 2).shape
+    (True, (2, 3))
     """
 
     def __init__(
@@ -153,7 +161,8 @@ class TwoLayerReLU:
         if implicit:
             a = _philox.sign_rows(int(seed), 0, np.empty((m, outputs)))
             src = ImplicitWeights(int(seed), m, d)
-            return cls._of_implicit(src, a, default_threshold(m) if b is None else b, outputs == 1)
+            b = default_threshold(m) if b is None else check_real("b", b)
+            return cls._of_implicit(src, a, b, outputs == 1)
         rng = np.random.default_rng(seed)
         W = np.empty((m, d))
         rng.standard_normal(out=W)  # in place: one m×d array at the peak, the same draws

@@ -270,7 +270,7 @@ def warmup(methods: Iterable[str] = WARM_METHODS) -> Warmup:
                 f"methods: each must be one of {', '.join(WARM_METHODS)}; got {method!r}"
             )
         for linear in (False, True):
-            took = ensure(train, method, linear)
+            took = ensure(train, method, linear, implicit=method in ("lazy", "kernel"))
             seconds += took.seconds
             compiled += took.compiled
     return Warmup(seconds, compiled)
@@ -372,7 +372,7 @@ def _make(
     _check_options(method, options)
     _check_run_memory(method, X, model, sgd.linear, options)
     # the one-time loading (or compiling) of the method's kernels is not part of the run
-    took = ensure(train, method, sgd.linear)
+    took = ensure(train, method, sgd.linear, model.implicit)
     t0 += took.seconds
     info["compile_s"], info["compiled"] = took.seconds, took.compiled
     trainer = TRAINERS[method](model, X, Y, G, lr, **options)
@@ -465,12 +465,25 @@ def resume(
             run,
         )
     method = manifest.get("trainer")
-    took = ensure(train, method, run.sgd.linear) if method in WARM_METHODS else Warmup(0.0, 0)
+    took = (
+        ensure(train, method, run.sgd.linear, _holds_implicit(path))
+        if method in WARM_METHODS
+        else Warmup(0.0, 0)
+    )
     model, trainer, hist, meta = load_checkpoint(path, Xc, Y, Xc @ Xc.T)
     hist.info["compile_s"], hist.info["compiled"] = took.seconds, took.compiled
     if iters is not None:
         meta["iters"] = _check_iters(iters)
     return model, _run(model, trainer, hist, meta, callback, checkpoint or path, run)
+
+
+def _holds_implicit(path: str | os.PathLike) -> bool:
+    """Whether the checkpoint at ``path`` holds an implicit model (its members' names)."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return "model_w_seed" in data.files
+    except (OSError, ValueError):
+        return False  # load_checkpoint names what is wrong with the file
 
 
 def _run(

@@ -166,17 +166,41 @@ def _start_helper(method: str) -> subprocess.Popen | None:
         return None
 
 
-def ensure(train: Callable[..., Any], method: str, linear: bool = False) -> Warmup:
+def _implicit_runs(train: Callable[..., Any], method: str, linear: bool) -> None:
+    """What a run of an implicit model adds (:mod:`corrtree._implicit`): the generator,
+    a set-up and re-anchoring from rows with coefficients (a model trained twice), the
+    coefficients' export and the float32 forward."""
+    options = {"batch_size": 4, "momentum": 0.5} if linear else {}
+    small = sphere(n=64, d=256, outputs=2, seed=1)
+    model = TwoLayerReLU.init(d=256, m=4096, outputs=2, implicit=True)
+    for _ in range(2):
+        train(model, small.X_train, small.y_train, method=method, iters=3, **options)
+    model._src.take(np.arange(3, dtype=np.int64))
+    model.predict(small.X_train)
+
+
+def ensure(
+    train: Callable[..., Any], method: str, linear: bool = False, implicit: bool = False
+) -> Warmup:
     """Load (compiling them if the cache has none) the kernels a run of ``method`` uses,
-    once per process; ``linear``: steps with momentum or weight decay.  Returns what it
-    took (``Warmup(0, 0)`` when they are loaded already).
+    once per process; ``linear``: steps with momentum or weight decay; ``implicit``: of an
+    implicit model.  Returns what it took (``Warmup(0, 0)`` when they are loaded already).
 
     A compilation is announced on the ``corrtree`` logger (INFO) when it starts; a
     helper process (:func:`_helper`) then compiles part of the kernels into the cache
     at the same time.
     """
     global _busy
-    key = (method, bool(linear))
+    if implicit and method in ("lazy", "kernel"):
+        first = ensure(train, method, linear)
+        rest = _ensure(train, method, linear, True)
+        return Warmup(first.seconds + rest.seconds, first.compiled + rest.compiled)
+    return _ensure(train, method, linear, False)
+
+
+def _ensure(train: Callable[..., Any], method: str, linear: bool, implicit: bool) -> Warmup:
+    global _busy
+    key = (method, bool(linear), implicit)
     if key in _warm or _busy:
         return Warmup(0.0, 0)
     helper = []
@@ -189,7 +213,7 @@ def ensure(train: Callable[..., Any], method: str, linear: bool = False) -> Warm
     _busy = True
     try:
         with _CompileCounter(first_compile) as count:
-            _tiny_runs(train, method, linear)
+            (_implicit_runs if implicit else _tiny_runs)(train, method, linear)
     finally:
         _busy = False
         for proc in helper:
