@@ -70,7 +70,7 @@ def choose_method(
     costs = {
         k: estimate(k, n, model.m, d, model.outputs, iters, share, band_share, coh)
         for k in TRAINERS
-        if TRAINERS[k].implicit_ok or not model.implicit
+        if TRAINERS[k].implicit_ok or not getattr(model, "implicit", False)
     }
     if sgd is not None and sgd.batch_size is not None and "dense" in costs:
         costs["dense"] *= min(1.0, sgd.batch_size / n)
