@@ -38,6 +38,7 @@ def test_init_only_stores_parameters():
         "nesterov": False,
         "weight_decay": 0.0,
         "schedule": None,
+        "implicit": False,
     }
     assert not [k for k in vars(est) if k.endswith("_")]
 
