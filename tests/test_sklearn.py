@@ -39,6 +39,7 @@ def test_init_only_stores_parameters():
         "weight_decay": 0.0,
         "schedule": None,
         "implicit": False,
+        "device": None,
     }
     assert not [k for k in vars(est) if k.endswith("_")]
 

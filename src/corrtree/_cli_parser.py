@@ -107,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="training method (default auto: cheapest by the cost model)",
     )
     p.add_argument(
+        "--device",
+        default=None,
+        help="train on this torch device (cuda, cuda:1, cpu, ...; needs corrtree[gpu]); "
+        "default: the CPU trainers",
+    )
+    p.add_argument(
         "--implicit",
         action="store_true",
         help="never store W: regenerate W(0) from the seed (counter-based generator) and "

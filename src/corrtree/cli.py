@@ -168,6 +168,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 run_id=run_id,
                 lr_retries=_config.LR_RETRIES if lr == "auto" else 0,
                 client=client,
+                device=args.device,
             )
     except KeyboardInterrupt as exc:
         raise _interrupted(exc, out) from None
@@ -289,6 +290,7 @@ def _resume(out: Path, quiet: bool, workers: int | None, scheduler: str | None) 
                 callback=progress,
                 run_id=run.get("run_id"),
                 client=client,
+                device=run.get("device"),
                 eval_set=(ds.X_test, ds.y_test)
                 if ds.X_test.shape[0] and (run.get("batch_size") or run.get("epochs"))
                 else None,

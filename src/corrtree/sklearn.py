@@ -41,6 +41,7 @@ class _CorrTreeBase(BaseEstimator):
         weight_decay: float = 0.0,
         schedule: str | None = None,
         implicit: bool = False,
+        device: str | None = None,
     ) -> None:
         self.width = width
         self.method = method
@@ -57,6 +58,7 @@ class _CorrTreeBase(BaseEstimator):
         self.weight_decay = weight_decay
         self.schedule = schedule
         self.implicit = implicit
+        self.device = device
 
     def _fit(self, X: np.ndarray, Y: np.ndarray) -> None:
         if (
@@ -97,6 +99,7 @@ class _CorrTreeBase(BaseEstimator):
             weight_decay=self.weight_decay,
             schedule=self.schedule,
             shuffle_seed=int(seed),
+            device=self.device,
         )
         self.n_iter_ = len(self.history_)
 
@@ -140,6 +143,8 @@ class CorrTreeRegressor(RegressorMixin, _CorrTreeBase):
         (:meth:`TwoLayerReLU.init`): widths beyond memory, trained by the lazy or
         kernel method; ``model_`` then stores only the coefficients of the pairs
         that ever fired.
+    device : str, optional
+        Train on this torch device (``train``'s ``device=``; ``corrtree[gpu]``).
 
     Attributes
     ----------

@@ -180,13 +180,17 @@ class Trainer:
         arrays: dict[str, np.ndarray],
         scalars: dict[str, Any],
         width: int | None = None,
+        device: Any = None,
     ) -> Trainer:
         """A trainer in the state ``(arrays, scalars)`` written by :meth:`state`, checked
-        against :attr:`SCHEMA` first (:class:`~._state.CheckpointError` if it fails)."""
+        against :attr:`SCHEMA` first (:class:`~._state.CheckpointError` if it fails);
+        ``device``: where a device trainer puts its tensors."""
         sizes = {"n": X.shape[0], "m": model.m, "d": model.d, "K": model.outputs}
         sizes = cls.SCHEMA.check(arrays, scalars, sizes)
         trainer = cls.__new__(cls)
         trainer._bind(model, X, Y, G, width)
+        if device is not None:
+            trainer.device = device
         trainer._set_lr(lr)
         trainer._restore(trainer._initial(model), arrays, scalars, sizes)
         trainer.timer.pop()

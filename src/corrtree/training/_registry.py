@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from ._base import Trainer
 from .dense import DenseTrainer
+from .device_dense import DeviceDenseTrainer
 from .dtree import DTreeTrainer
 from .kernel import KernelTrainer
 from .lazy import LazyTrainer
 from .wtree import WTreeTrainer
 
-__all__ = ["METHODS", "TRAINERS"]
+__all__ = ["DEVICE_TRAINERS", "METHODS", "TRAINERS"]
 
 TRAINERS: dict[str, type[Trainer]] = {
     "dense": DenseTrainer,
@@ -19,3 +20,5 @@ TRAINERS: dict[str, type[Trainer]] = {
     "kernel": KernelTrainer,
 }
 METHODS = ("auto", *TRAINERS)
+#: The methods of the array path (``device=``): the same names, tensors on a torch device.
+DEVICE_TRAINERS: dict[str, type[Trainer]] = {"dense": DeviceDenseTrainer}

@@ -21,7 +21,7 @@ from .._validation import as_matrix, check_memory, widest_fitting
 from ..model import TwoLayerReLU, as_targets
 from ._base import Trainer
 from ._loop import STOP_SIGNALS, Run, TrainingDiverged, check_divergence, check_eval_set
-from ._registry import METHODS, TRAINERS
+from ._registry import DEVICE_TRAINERS, METHODS, TRAINERS
 from ._state import CheckpointError
 from ._warmup import WARM_METHODS, Warmup, ensure
 from .band import BandTrainer
@@ -103,6 +103,7 @@ def train(
     run_id: str | None = None,
     client: Any = None,
     shards: int | None = None,
+    device: Any = None,
     **options: Any,
 ) -> History:
     """Train ``model.W`` by gradient descent: full batch (the default) or mini-batch SGD.
@@ -168,6 +169,12 @@ def train(
     shards : int, optional
         Number of shards (default: one per worker; without a client, shards
         in this process, which gives the sharded trajectory on one machine).
+    device : str or torch.device, optional
+        Run the array path on this torch device (``"cuda"``, ``"cuda:1"``, ``"cpu"``, ...;
+        needs ``corrtree[gpu]``); ``None`` (the default) runs the CPU trainers.  The
+        array path has ``method="dense"`` (float64, the CPU's trajectory to rounding);
+        ``"auto"`` picks it there.  A device that is not there, or a run whose tensors
+        do not fit in its free memory, is refused in one line before training starts.
     **options
         Method options (e.g. ``block`` for ``"dense"``, ``band`` for
         ``"lazy"``/``"kernel"``).
@@ -182,8 +189,10 @@ def train(
     Y = as_targets(y, X.shape[0], model.outputs)
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
+    if device is not None:
+        device, method = _check_device(device, method, model, client, shards)
     if method != "auto":
-        _check_options(method, options)
+        _check_options(method, options, device)
         _check_implicit(method, model)
     lr = _check_lr(lr)
     sgd = SGD(batch_size, epochs, momentum, nesterov, weight_decay, schedule, shuffle_seed)
@@ -241,7 +250,7 @@ def train(
                 hist.info["lr_halvings"] = halvings
                 return hist
             trainer, hist = _make(
-                method, model, X, Y, rate, iters, options, halvings, lr == "auto", sgd
+                method, model, X, Y, rate, iters, options, halvings, lr == "auto", sgd, device
             )
             return _run(model, trainer, hist, meta, callback, checkpoint, Run(sgd, eval_set))
         except TrainingDiverged as exc:
@@ -276,24 +285,46 @@ def warmup(methods: Iterable[str] = WARM_METHODS) -> Warmup:
     return Warmup(seconds, compiled)
 
 
-def method_options(method: str) -> tuple[str, ...]:
+def method_options(method: str, on_device: bool = False) -> tuple[str, ...]:
     """The options (``**options`` of :func:`train`) a method's trainer accepts: the
     parameters of its ``_prepare`` (where one forwards ``**options``, its parent's), less
-    the private ones, which only the tests use."""
+    the private ones, which only the tests use (``on_device``: the array path's trainer,
+    whose ``device`` is :func:`train`'s own argument)."""
     accepted: list[str] = []
-    for cls in TRAINERS[method].__mro__:
+    for cls in (DEVICE_TRAINERS if on_device else TRAINERS)[method].__mro__:
         if "_prepare" not in vars(cls):
             continue
         params = list(inspect.signature(vars(cls)["_prepare"]).parameters.values())[2:]
-        accepted += [p.name for p in params if p.kind is not p.VAR_KEYWORD]
+        accepted += [p.name for p in params if p.kind is not p.VAR_KEYWORD and p.name != "device"]
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             break
     return tuple(accepted)
 
 
-def _check_options(method: str, options: dict[str, Any]) -> None:
+def _check_device(device: Any, method: str, model: TwoLayerReLU, client: Any, shards: Any):
+    """The device (resolved) and the method of a run with ``device=``, or one line saying
+    why it cannot run there."""
+    from .._device import resolve
+
+    dev = resolve(device)
+    if client is not None or shards is not None:
+        raise ValueError("device= runs in one process: leave out client and shards")
+    if model.implicit:
+        raise ValueError("device= does not train implicit models yet: use device=None")
+    if method == "auto":
+        return dev, "dense"
+    if method not in DEVICE_TRAINERS:
+        on = ", ".join(repr(k) for k in DEVICE_TRAINERS)
+        raise ValueError(
+            f"method={method!r} has no device path; on a device use method={on} "
+            f"(or device=None for the CPU trainers)"
+        )
+    return dev, method
+
+
+def _check_options(method: str, options: dict[str, Any], device: Any = None) -> None:
     """One line naming an option that ``method`` does not take, and those it does."""
-    accepted = method_options(method)
+    accepted = method_options(method, device is not None)
     for name in options:
         if name not in accepted:
             public = [k for k in accepted if not k.startswith("_")]
@@ -361,6 +392,7 @@ def _make(
     halvings: int,
     lr_auto: bool,
     sgd: SGD,
+    device: Any = None,
 ) -> tuple[Trainer, History]:
     """The trainer of a one-process run (preprocessing, ``lr``) and its empty History."""
     t0 = time.perf_counter()
@@ -369,13 +401,17 @@ def _make(
     if method == "auto":
         method, info["costs"] = choose_method(X, G, model, iters, sgd)
         info["auto"] = True
-    _check_options(method, options)
-    _check_run_memory(method, X, model, sgd.linear, options)
-    # the one-time loading (or compiling) of the method's kernels is not part of the run
-    took = ensure(train, method, sgd.linear, model.implicit)
+    _check_options(method, options, device)
+    if device is None:
+        _check_run_memory(method, X, model, sgd.linear, options)
+        # the one-time loading (or compiling) of the method's kernels is not part of the run
+        took = ensure(train, method, sgd.linear, model.implicit)
+        trainer = TRAINERS[method](model, X, Y, G, lr, **options)
+    else:
+        took = Warmup(0.0, 0)  # torch: nothing to compile ahead
+        trainer = DEVICE_TRAINERS[method](model, X, Y, G, lr, device=device, **options)
     t0 += took.seconds
     info["compile_s"], info["compiled"] = took.seconds, took.compiled
-    trainer = TRAINERS[method](model, X, Y, G, lr, **options)
     hist = History.of_run(
         method,
         trainer.lr,
@@ -400,6 +436,7 @@ def resume(
     shards: int | None = None,
     schedule: Callable[[int], float] | None = None,
     eval_set: tuple[np.ndarray, np.ndarray] | None = None,
+    device: Any = None,
 ) -> tuple[TwoLayerReLU, History]:
     """Continue a run from a checkpoint written by :func:`train`.
 
@@ -414,7 +451,9 @@ def resume(
     many; default one per worker, or as many as the checkpoint has).  The
     optimizer, its momentum buffers and the batch order continue as they were;
     a run with a callable ``schedule`` needs it again, and ``eval_set`` gives
-    held-out data for the remaining epochs.
+    held-out data for the remaining epochs.  ``device`` continues a one-process run on
+    the array path of that torch device (a checkpoint written on any device resumes
+    on any other, or on the CPU trainers with ``device=None``).
 
     Returns
     -------
@@ -451,6 +490,13 @@ def resume(
         run = Run(SGD.from_meta(recorded, schedule), eval_set)
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: bad optimizer ({exc})") from exc
+    dev = None
+    if device is not None:
+        from .._device import resolve
+
+        dev = resolve(device)
+        if manifest["format"] == SHARDED_FORMAT:
+            raise ValueError("device= resumes one-process checkpoints only (this one is sharded)")
     if manifest["format"] == SHARDED_FORMAT:
         return resume_sharded(
             path,
@@ -467,10 +513,10 @@ def resume(
     method = manifest.get("trainer")
     took = (
         ensure(train, method, run.sgd.linear, _holds_implicit(path))
-        if method in WARM_METHODS
+        if method in WARM_METHODS and dev is None
         else Warmup(0.0, 0)
     )
-    model, trainer, hist, meta = load_checkpoint(path, Xc, Y, Xc @ Xc.T)
+    model, trainer, hist, meta = load_checkpoint(path, Xc, Y, Xc @ Xc.T, dev)
     hist.info["compile_s"], hist.info["compiled"] = took.seconds, took.compiled
     if iters is not None:
         meta["iters"] = _check_iters(iters)

@@ -27,7 +27,7 @@ from .._implicit import ImplicitWeights
 from .._io import atomic_savez, digest_of
 from ..model import TwoLayerReLU
 from ._base import Trainer
-from ._registry import TRAINERS
+from ._registry import DEVICE_TRAINERS, TRAINERS
 from ._state import CheckpointError
 from .history import History
 
@@ -104,9 +104,11 @@ def read_manifest(path: str | os.PathLike, formats: tuple[str, ...] = (FORMAT,))
 
 
 def load_checkpoint(
-    path: str | os.PathLike, X: np.ndarray, Y: np.ndarray, G: np.ndarray
+    path: str | os.PathLike, X: np.ndarray, Y: np.ndarray, G: np.ndarray, device: Any = None
 ) -> tuple[TwoLayerReLU, Trainer, History, dict[str, Any]]:
-    """Rebuild ``(model, trainer, history, meta)`` from ``path`` for the data ``X, Y``.
+    """Rebuild ``(model, trainer, history, meta)`` from ``path`` for the data ``X, Y``;
+    with ``device`` (a ``torch.device``), the trainer of the array path on it (a
+    checkpoint of either path resumes on either).
 
     Raises
     ------
@@ -125,7 +127,11 @@ def load_checkpoint(
     meta = manifest["meta"]
     if meta.get("data_digest") != data_digest(X, Y):
         raise CheckpointError(f"{path} was written for different training data")
-    cls = TRAINERS.get(manifest["trainer"])
+    cls = (TRAINERS if device is None else DEVICE_TRAINERS).get(manifest["trainer"])
+    if cls is None and device is not None and manifest["trainer"] in TRAINERS:
+        raise CheckpointError(
+            f"{path}: method {manifest['trainer']!r} has no device path; resume it with device=None"
+        )
     if cls is None:
         raise CheckpointError(f"{path}: unknown trainer {manifest['trainer']!r}")
     if manifest["schema"] != cls.SCHEMA.version:
@@ -143,7 +149,7 @@ def load_checkpoint(
     width = manifest.get("width", model.m)
     if isinstance(width, bool) or not isinstance(width, int) or width < model.m:
         raise CheckpointError(f"{path}: manifest entry 'width' must be an integer >= m")
-    trainer = cls.restore(model, X, Y, G, manifest["lr"], state, manifest["scalars"], width)
+    trainer = cls.restore(model, X, Y, G, manifest["lr"], state, manifest["scalars"], width, device)
     return model, trainer, history, meta
 
 

@@ -1,0 +1,80 @@
+"""Devices for the array path (``device=`` of :func:`corrtree.train`): PyTorch, optional.
+
+The core never imports torch; a run with ``device=`` does, here, and every check a
+device needs happens before any tensor is made: torch is installed (``corrtree[gpu]``),
+the device is one torch knows and is there, and the run's tensors fit in its free memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _validation
+
+__all__ = ["check_device_memory", "devices_found", "free_bytes", "resolve"]
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise ImportError(
+            "device= needs PyTorch, which is not installed: pip install 'corrtree[gpu]' "
+            "(or leave device=None for the CPU trainers)"
+        ) from None
+    return torch
+
+
+def devices_found() -> list[str]:
+    """The devices torch can use here, e.g. ``["cpu", "cuda:0"]``."""
+    torch = _torch()
+    found = ["cpu"]
+    if torch.cuda.is_available():
+        found += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        found.append("mps")
+    return found
+
+
+def resolve(device: Any):
+    """``device`` as a ``torch.device`` that is there; ``ValueError`` in one line naming the
+    devices found otherwise."""
+    torch = _torch()
+    if not isinstance(device, str | torch.device):
+        raise ValueError(f"device must be a string such as 'cuda' or 'cpu', got {device!r}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(
+            f"device={device!r} is not a device torch knows; "
+            f"devices found: {', '.join(devices_found())}"
+        ) from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = 0 if dev.index is None else dev.index
+        if index < count:
+            return torch.device("cuda", index)
+    elif dev.type == "mps" and "mps" in devices_found():
+        return dev
+    raise ValueError(f"device={device!r} is not there; devices found: {', '.join(devices_found())}")
+
+
+def free_bytes(dev) -> float:
+    """Free memory of ``dev`` in bytes (the host's available memory for the CPU)."""
+    torch = _torch()
+    if dev.type == "cuda":
+        return float(torch.cuda.mem_get_info(dev)[0])
+    return _validation.available_memory()
+
+
+def check_device_memory(nbytes: float, dev, what: str) -> None:
+    """``MemoryError`` in one line when ``nbytes`` do not fit in ``dev``'s free memory."""
+    free = free_bytes(dev)
+    if nbytes > free:
+        raise MemoryError(
+            f"{what} needs {nbytes / 2**30:.2f} GiB on {dev} but only {free / 2**30:.2f} GiB "
+            f"is free there"
+        )

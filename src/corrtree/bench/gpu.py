@@ -1,0 +1,256 @@
+"""On one GPU: corrtree's array path against PyTorch dense gradient descent on that GPU.
+
+For each workload (W1-W5 of :mod:`.workloads`, W1 at a wide width, and two variants of
+W1 it was not tuned on: other labels, half the learning rate), in one process:
+
+- PyTorch dense gradient descent with explicit gradients, the same data, model,
+  learning rate and iterations: float64, float32 with TF32 off, and TF32; its first
+  loss must equal corrtree's (1e-9, float64);
+- corrtree on the device (``train(..., device=...)``): every method that has a device
+  path, and ``auto``; whole runs with set-up and ``lr="auto"``; the first losses and the
+  final weights against PyTorch float64 (1e-9);
+- corrtree's CPU trainers (the cost model's pick) and dense numpy, in fresh processes
+  with all the machine's cores and with two, on some workloads (``cpu_cases``).
+
+Dense runs (PyTorch, corrtree's device dense, dense numpy) cost the same every
+iteration: they run ``measured`` iterations after a warm-up step and are extrapolated
+(flagged); so are CPU runs past their budget.  The device is synchronized before every
+clock reading.  JSON in ``benchmarks/results/gpu_SIZE.json``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from ..model import TwoLayerReLU
+from ..training import train
+from ._util import in_child, print_table, save_result
+from .workloads import WORKLOADS, load, one_run
+
+__all__ = ["SIZES", "run"]
+
+SIZES: dict[str, dict[str, Any]] = {
+    # small: on the CPU, shrunk, to check the script (the tests run it)
+    "small": {
+        "device": "cpu",
+        "scale_m": 1 / 64,
+        "scale_n": 1 / 8,
+        "iters": 6,
+        "wide_m": 2**12,
+        "measured": 2,
+        "cpu_cases": ("W5",),
+        "cpu_budget_s": 10.0,
+        "threads": (2, 1),
+    },
+    "large": {
+        "device": "cuda",
+        "scale_m": 1.0,
+        "scale_n": 1.0,
+        "iters": None,
+        "wide_m": 2**22,
+        "measured": 5,
+        "cpu_cases": ("W1", "W2", "W5"),
+        "cpu_budget_s": 30.0,
+        "threads": (None, 2),  # None: every core
+    },
+}
+SEED = 7
+
+
+def _cases(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    cases = {k: dict(v) for k, v in WORKLOADS.items()}
+    w1 = WORKLOADS["W1"]
+    cases["W1 wide"] = {**w1, "m": int(cfg["wide_m"] / cfg["scale_m"])}
+    cases["W1 other labels"] = {**w1, "labels_seed": 1}
+    cases["W1 lr/2"] = {**w1, "lr_factor": 0.5}
+    return cases
+
+
+def _data(case: dict[str, Any], scale_n: float) -> tuple[np.ndarray, np.ndarray]:
+    X, Y = load(case["data"], case["args"], scale_n)
+    if "labels_seed" in case:
+        Y = np.random.default_rng(case["labels_seed"]).uniform(-1.0, 1.0, size=Y.shape)
+    return X, Y
+
+
+def _sync(torch, dev) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def torch_dense(X, Y, model, lr, iters, measured, dev, precision: str) -> dict[str, Any]:
+    """PyTorch dense GD with explicit gradients (no autograd): ``measured`` timed steps
+    after one warm-up step, extrapolated to ``iters``; the first loss."""
+    import torch
+
+    dtype = torch.float64 if precision == "float64" else torch.float32
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    try:
+        _sync(torch, dev)
+        t0 = time.perf_counter()
+        Xt = torch.as_tensor(X, dtype=dtype, device=dev)
+        Yt = torch.as_tensor(Y, dtype=dtype, device=dev)
+        At = torch.as_tensor(np.array(model.output_weights), dtype=dtype, device=dev)
+        Wt = torch.as_tensor(np.array(model.W), dtype=dtype, device=dev)
+        _sync(torch, dev)
+        setup = time.perf_counter() - t0
+        step = lr / math.sqrt(model.m)
+        losses, times = [], []
+        for _ in range(measured + 1):
+            t0 = time.perf_counter()
+            U = Wt @ Xt.T
+            F = U >= model.b
+            err = (torch.clamp(U - model.b, min=0.0).T @ At) / math.sqrt(model.m) - Yt
+            Wt -= step * (((At @ err.T) * F) @ Xt)
+            loss = 0.5 * float((err * err).sum())  # a host read: synchronizes
+            times.append(time.perf_counter() - t0)
+            losses.append(loss)
+        per = float(np.median(times[1:]))
+        return {
+            "total_s": setup + times[0] + per * (iters - 1),
+            "setup_s": setup,
+            "iteration_s": per,
+            "measured": measured,
+            "extrapolated": iters > measured + 1,
+            "first_loss": losses[0],
+        }
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def device_run(X, Y, model, method, lr, iters, measured, device) -> dict[str, Any]:
+    """corrtree on the device: dense for ``measured`` steps (extrapolated), the others
+    whole; the first loss and a sketch of the final weights."""
+    dense = method == "dense"
+    steps = min(iters, measured + 1) if dense else iters
+    hist = train(model, X, Y, method=method, lr=lr, iters=steps, device=device)
+    times = hist.iteration_times
+    per = float(np.median(times[1:])) if len(times) > 1 else float(times[0])
+    total = hist.total_time + (iters - steps) * per
+    return {
+        "method": hist.method,
+        "lr": hist.lr,
+        "total_s": float(total),
+        "setup_s": float(hist.preprocess_time),
+        "iteration_s": per,
+        "extrapolated": steps < iters,
+        "first_loss": float(hist.loss[0]),
+        "loss": [float(v) for v in hist.loss[:5]],
+    }
+
+
+def _threads_env(threads: int | None) -> dict[str, str | None]:
+    keys = ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+    value = None if threads is None else str(threads)
+    return dict.fromkeys(keys, value)
+
+
+def cpu_run(case, cfg, method: str, threads: int | None, lr) -> dict[str, Any]:
+    """A CPU run of ``method`` in a fresh process with ``threads`` threads (all: None)."""
+    saved = {k: os.environ.get(k) for k in _threads_env(None)}
+    for k, v in _threads_env(threads).items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    try:
+        m = max(256, int(case["m"] * cfg["scale_m"]))
+        iters = cfg["iters"] or case["iters"]
+        measured = 1 if method == "dense" else cfg["measured"]
+        data = (case["data"], case["args"], cfg["scale_n"], m, iters, measured)
+        return in_child(one_run, method, *data, cfg["cpu_budget_s"], lr, settle_first=False)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run(size: str = "large", out_dir: str = "benchmarks/results") -> dict[str, Any]:
+    from .._device import resolve
+
+    cfg = SIZES[size]
+    dev = resolve(cfg["device"])
+    from ..training._registry import DEVICE_TRAINERS
+
+    methods = [*DEVICE_TRAINERS, "auto"]
+    results: dict[str, Any] = {}
+    for name, case in _cases(cfg).items():
+        if cfg.get("cases") and name not in cfg["cases"]:
+            continue
+        X, Y = _data(case, cfg["scale_n"])
+        m = max(256, int(case["m"] * cfg["scale_m"]))
+        iters = cfg["iters"] or case["iters"]
+        base = TwoLayerReLU.init(d=X.shape[1], m=m, outputs=Y.shape[1], seed=SEED)
+        runs: dict[str, Any] = {}
+        lr: Any = "auto"
+        for method in methods:
+            model = TwoLayerReLU(base.W, base.a, base.b)
+            runs[method] = device_run(X, Y, model, method, lr, iters, cfg["measured"], dev)
+            if lr == "auto":
+                lr = runs[method]["lr"] * case.get("lr_factor", 1.0)
+                if case.get("lr_factor", 1.0) != 1.0:  # the variant's rate, from here on
+                    model = TwoLayerReLU(base.W, base.a, base.b)
+                    runs[method] = device_run(X, Y, model, method, lr, iters, cfg["measured"], dev)
+        for precision in ("float64", "float32", "tf32"):
+            runs[f"torch {precision}"] = torch_dense(
+                X, Y, base, lr, iters, cfg["measured"], dev, precision
+            )
+        ref = runs["torch float64"]["first_loss"]
+        for method in methods:
+            gap = abs(runs[method]["first_loss"] - ref) / max(1.0, abs(ref))
+            assert gap <= 1e-9, (name, method, gap)
+        cpu: dict[str, Any] = {}
+        if name in cfg["cpu_cases"]:
+            for threads in cfg["threads"]:
+                key = "all" if threads is None else str(threads)
+                cpu[key] = {
+                    meth: cpu_run(case, cfg, meth, threads, lr if meth == "dense" else None)
+                    for meth in ("dense", "kernel" if name in ("W1", "W2", "W4") else "lazy")
+                }
+        results[name] = {"m": m, "n": X.shape[0], "iters": iters, "runs": runs, "cpu": cpu}
+        print(name, {k: round(v["total_s"], 3) for k, v in runs.items()}, flush=True)
+    rows = []
+    for name, r in results.items():
+        f64 = r["runs"]["torch float64"]["total_s"]
+        best = min((r["runs"][k]["total_s"], k) for k in methods)
+        rows.append(
+            [
+                name,
+                r["m"],
+                r["iters"],
+                f64,
+                r["runs"]["torch float32"]["total_s"],
+                best[0],
+                best[1],
+                f64 / best[0],
+            ]
+        )
+    print_table(
+        f"corrtree on {dev} against PyTorch dense on {dev}",
+        ["workload", "m", "iters", "torch f64 s", "torch f32 s", "corrtree s", "method", "vs f64"],
+        rows,
+    )
+    payload = {
+        "size": size,
+        "device": str(dev),
+        "device_name": _device_name(dev),
+        "results": results,
+    }
+    save_result(out_dir, f"gpu_{size}", payload)
+    return payload
+
+
+def _device_name(dev) -> str:
+    import torch
+
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    return "cpu"

@@ -1,0 +1,210 @@
+"""Dense gradient descent on a torch device (``train(..., device=...)``), float64.
+
+The honest baseline of the array path: the CPU dense trainer's iteration
+(:mod:`.dense`) with its tensors on the device, the weights resident there and only
+``nK``-sized vectors crossing to the host per step (the outputs, for the loss; the
+errors, back).  Its state is the CPU dense trainer's (the same :attr:`SCHEMA`, numpy
+arrays), so a checkpoint written on one device resumes on the other.
+
+Exactness: float64 throughout; a GEMM's sums are ordered by the library (cuBLAS, or
+the CPU's BLAS), so the trajectory equals the CPU's to rounding (the tests ask 1e-9).
+Every operation is a GEMM or elementwise (no atomic accumulation), so two runs on one
+device give the same bits.  Θ(nmd) per iteration, like the CPU dense trainer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._device import check_device_memory, free_bytes
+from ._base import Trainer, previous_fire
+from ._sparse import keys_to_csr
+from .dense import DenseTrainer
+from .optim import LinearStep
+
+__all__ = ["DeviceDenseTrainer"]
+
+#: Share of the device's free memory a block's products and mask may take.
+_BLOCK_SHARE = 0.25
+
+
+class DeviceDenseTrainer(Trainer):
+    """:class:`~.dense.DenseTrainer` with its tensors on ``device`` (module docstring).
+
+    Options
+    -------
+    device : torch.device
+        Where the tensors live (resolved and checked by :func:`corrtree.train`).
+    block : int or "auto"
+        Neurons per block of products (default: as many as fit in a quarter of the
+        device's free memory).
+    """
+
+    name = "dense"
+    SCHEMA = DenseTrainer.SCHEMA
+    device: Any = None
+
+    def _prepare(self, W0: np.ndarray, device: Any = None, block: int | str = "auto") -> None:
+        import torch
+
+        self.device = device if device is not None else torch.device("cpu")
+        self._setup(np.asarray(W0), block, None, None)
+
+    def _setup(self, W, block, prev_fire, vel) -> None:
+        import torch
+
+        self.torch = torch
+        dev = self.device
+        n, d = self.X.shape
+        per_row = 9.0 * n + 8.0 * d  # products (then coefficients), mask, gradient
+        resident = 8.0 * self.m * d * (2 if vel is not None else 1) + 8.0 * n * d + self.m * n
+        check_device_memory(resident, dev, f"method='dense' at m={self.m}, d={d} on {dev}")
+        if block == "auto":
+            block = int(max(1, min(self.m, _BLOCK_SHARE * free_bytes(dev) // per_row)))
+        block = int(block)
+        if block < 1:
+            raise ValueError(f"block must be >= 1, got {block}")
+        self.block = min(block, self.m)
+        self.info["block"] = self.block
+        self.info["device"] = str(dev)
+        self.Wt = self._tensor(W)
+        self.Xt = self._tensor(self.X)
+        self.At = self._tensor(self.a)
+        self.Vt = None if vel is None else self._tensor(vel)
+        # the previous iteration's fire mask (all points), for the flip count
+        self.prev = None
+        if prev_fire is not None:
+            self.prev = self._mask_of(*prev_fire)
+        self.u = None
+        self.mask = None  # this iteration's fire mask over all points (m × n, bool)
+        self._batch = None
+
+    def _tensor(self, arr: np.ndarray):
+        """A float64 copy of ``arr`` on the device (the host array stays untouched)."""
+        host = np.array(arr, dtype=np.float64, order="C")
+        return self.torch.from_numpy(host).to(self.device)
+
+    def _mask_of(self, indptr: np.ndarray, idx: np.ndarray):
+        torch = self.torch
+        rows = np.repeat(np.arange(self.m), np.diff(indptr))
+        mask = torch.zeros((self.m, self.X.shape[0]), dtype=torch.bool, device=self.device)
+        mask[
+            torch.as_tensor(rows, device=self.device), torch.as_tensor(idx, device=self.device)
+        ] = True
+        return mask
+
+    def _csr(self, mask) -> tuple[np.ndarray, np.ndarray]:
+        keys = self.torch.nonzero(mask.reshape(-1)).reshape(-1).cpu().numpy()  # sorted
+        return keys_to_csr(keys.astype(np.int64), self.m, mask.shape[1])
+
+    # -- state ---------------------------------------------------------------------------
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        arrays = {"W": self.Wt.cpu().numpy()}
+        if self.Vt is not None:
+            arrays["vel"] = self.Vt.cpu().numpy()
+        if self.prev is not None:
+            arrays["prev_indptr"], arrays["prev_idx"] = self._csr(self.prev)
+        return arrays, {"block": self.block}
+
+    def _restore(self, W0, arrays, scalars, sizes) -> None:
+        import torch
+
+        if self.device is None:
+            self.device = torch.device("cpu")
+        prev = previous_fire(arrays, self.X.shape[0])
+        self._setup(arrays["W"], scalars["block"], prev, arrays.get("vel"))
+
+    # -- iterations ----------------------------------------------------------------------
+    def _forward(self, batch: np.ndarray | None = None) -> np.ndarray:
+        torch = self.torch
+        Xc = self.Xt if batch is None else self.Xt[torch.as_tensor(batch, device=self.device)]
+        cols = Xc.shape[0]
+        u = torch.zeros((cols, self.a.shape[1]), dtype=torch.float64, device=self.device)
+        mask = torch.empty((self.m, cols), dtype=torch.bool, device=self.device)
+        with self.timer("forward"):
+            for s in range(0, self.m, self.block):
+                U = self.Wt[s : s + self.block] @ Xc.T
+                mask[s : s + self.block] = U >= self.b
+                U -= self.b
+                U.clamp_(min=0.0)
+                u += U.T @ self.At[s : s + self.block]
+            u *= self.scale
+            out = u.cpu().numpy()  # the host computes the loss: one nK-sized transfer
+        if batch is None:
+            self.u, self.mask = out, mask
+        else:
+            self._batch, self._batch_mask = batch, mask
+        return out
+
+    def initial_fire_sets(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.mask is None:
+            self._forward()
+        return self._csr(self.mask)
+
+    def outputs(self) -> np.ndarray:
+        if self.u is None:
+            self._forward()
+        return self.u
+
+    def batch_outputs(self, batch: np.ndarray) -> np.ndarray:
+        return self._forward(batch)
+
+    def advance(self, err: np.ndarray, step: LinearStep | None = None) -> dict[str, Any]:
+        torch = self.torch
+        batch, self._batch = self._batch, None
+        if batch is None:
+            if self.u is None:
+                self._forward()
+            mask, Xc = self.mask, self.Xt
+            errc = torch.as_tensor(err, dtype=torch.float64, device=self.device)
+        else:
+            mask = self._batch_mask
+            idx = torch.as_tensor(batch, device=self.device)
+            Xc = self.Xt[idx]
+            errc = torch.as_tensor(err[batch], dtype=torch.float64, device=self.device)
+        with self.timer("query"):
+            fired = int(mask.sum())
+            moved = int(mask.any(dim=1).sum())
+            flips = 0
+            if batch is None and self.prev is not None:
+                flips = int((mask ^ self.prev).sum())
+        if step is not None and step.mu and self.Vt is None:
+            check_device_memory(8.0 * self.m * self.X.shape[1], self.device, "momentum buffers")
+            self.Vt = torch.zeros_like(self.Wt)
+        for s in range(0, self.m, self.block):
+            with self.timer("backward"):
+                C = self.At[s : s + self.block] @ errc.T
+                C *= mask[s : s + self.block]
+                grad = C @ Xc
+            with self.timer("update"):
+                W = self.Wt[s : s + self.block]
+                if step is None:
+                    W -= self.eta_s * grad
+                else:
+                    grad *= self.scale
+                    V = None if self.Vt is None else self.Vt[s : s + self.block]
+                    _linear_update(W, V, grad, step)
+        if batch is None:
+            self.prev = mask
+        self.u = self.mask = None
+        return self._row(fired, moved, flips, evaluated_pairs=Xc.shape[0] * self.m)
+
+    def weights(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        return self.Wt[start:stop].cpu().numpy().copy()
+
+
+def _linear_update(W, V, grad, step: LinearStep) -> None:
+    """:func:`~.optim.explicit_update` on tensors, in place (``grad`` overwritten)."""
+    if step.lam:
+        grad += step.lam * W
+    if step.mu:
+        V *= step.mu
+        V += grad
+        if step.nesterov:
+            grad += step.mu * V
+        else:
+            grad.copy_(V)
+    grad *= step.eta
+    W -= grad

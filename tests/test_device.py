@@ -1,0 +1,166 @@
+"""The array path (``device=``) on ``device="cpu"``: the same trajectory as the CPU
+trainers, checkpoints across paths, and the one-line refusals."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import corrtree as ct
+
+torch = pytest.importorskip("torch")
+
+
+def _data(n=64, d=10, K=1, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    y = rng.standard_normal((n, K)) if K > 1 else rng.standard_normal(n)
+    return X, y
+
+
+@pytest.mark.parametrize("K", [1, 3])
+@pytest.mark.parametrize(
+    "kw",
+    [{}, {"batch_size": 16, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-3, "lr": 0.5}],
+)
+def test_device_dense_follows_the_cpu_trajectory(K, kw):
+    X, y = _data(K=K)
+    cpu = ct.TwoLayerReLU.init(d=10, m=2048, outputs=K, seed=1)
+    dev = ct.TwoLayerReLU(cpu.W, cpu.a, cpu.b)
+    hc = ct.train(cpu, X, y, method="dense", iters=12, **kw)
+    hd = ct.train(dev, X, y, method="auto", iters=12, device="cpu", **kw)
+    assert hd.method == "dense" and hd.info["device"] == "cpu"
+    assert hd.lr == pytest.approx(hc.lr, rel=1e-12)
+    np.testing.assert_allclose(hd.loss, hc.loss, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(dev.W, cpu.W, rtol=0, atol=1e-9)
+    assert hd.fired_pairs == hc.fired_pairs and hd.flips == hc.flips
+    assert hd.moved_neurons == hc.moved_neurons
+
+
+@pytest.mark.parametrize(("first", "then"), [("cpu", None), (None, "cpu")])
+def test_checkpoints_resume_on_the_other_path(tmp_path, first, then):
+    X, y = _data(seed=3)
+    whole = ct.TwoLayerReLU.init(d=10, m=1024, seed=2)
+    part = ct.TwoLayerReLU(whole.W, whole.a, whole.b)
+    ct.train(whole, X, y, method="dense", iters=10, lr=1.0, momentum=0.5)
+    ck = tmp_path / "run.npz"
+    ct.train(
+        part,
+        X,
+        y,
+        method="dense",
+        iters=10,
+        lr=1.0,
+        momentum=0.5,
+        device=first,
+        checkpoint=ck,
+        checkpoint_every=3,
+        callback=lambda t, h: t < 4,
+    )
+    model, hist = ct.resume(ck, X, y, device=then)
+    assert len(hist) == 10
+    np.testing.assert_allclose(model.W, whole.W, rtol=0, atol=1e-9)
+
+
+def test_devices_and_methods_that_are_not_there_are_refused_in_one_line():
+    X, y = _data()
+    model = ct.TwoLayerReLU.init(d=10, m=256)
+    cases = [
+        ({"device": "cuda:7"}, "device='cuda:7' is not there; devices found: cpu"),
+        ({"device": "warp-drive"}, "is not a device torch knows; devices found: cpu"),
+        ({"device": 3}, "device must be a string"),
+        ({"device": "cpu", "method": "kernel"}, "method='kernel' has no device path"),
+        ({"device": "cpu", "method": "dtree"}, "method='dtree' has no device path"),
+        ({"device": "cpu", "method": "dense", "shards": 2}, "device= runs in one process"),
+        ({"device": "cpu", "method": "dense", "block": 0}, "block must be >= 1"),
+    ]
+    if torch.cuda.is_available():
+        cases = cases[3:]
+    for kw, text in cases:
+        with pytest.raises(ValueError, match=text) as err:
+            ct.train(model, X, y, iters=1, **{"method": "dense", **kw})
+        assert "\n" not in str(err.value)
+    implicit = ct.TwoLayerReLU.init(d=10, m=256, implicit=True)
+    with pytest.raises(ValueError, match="does not train implicit models"):
+        ct.train(implicit, X, y, iters=1, device="cpu")
+    with pytest.raises(TypeError, match="unknown option 'band' for method='dense'"):
+        ct.train(model, X, y, method="dense", iters=1, device="cpu", band=0.5)
+
+
+def test_a_run_that_does_not_fit_on_the_device_is_refused_before_it_starts(monkeypatch):
+    import corrtree._validation as v
+
+    X, y = _data()
+    model = ct.TwoLayerReLU.init(d=10, m=4096)
+    W0 = model.W.copy()
+    monkeypatch.setattr(v, "available_memory", lambda: 1000.0)
+    with pytest.raises(MemoryError, match=r"method='dense' at m=4096, d=10 on cpu needs .* GiB"):
+        ct.train(model, X, y, method="dense", iters=1, device="cpu")
+    np.testing.assert_array_equal(model.W, W0)  # nothing written
+
+
+def test_the_core_imports_no_torch():
+    code = (
+        "import sys, numpy as np, corrtree as ct\n"
+        "ds = ct.datasets.sphere(n=16, d=4, seed=0)\n"
+        "m = ct.TwoLayerReLU.init(d=4, m=64)\n"
+        "ct.train(m, ds.X_train, ds.y_train, method='dense', iters=2)\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_estimator_and_cli_take_a_device(tmp_path):
+    pytest.importorskip("sklearn")
+    from test_cli import run
+
+    from corrtree.sklearn import CorrTreeRegressor
+
+    X, y = _data(n=80)
+    est = CorrTreeRegressor(width=512, iters=5, method="dense", device="cpu", random_state=0)
+    est.fit(X, y)
+    assert est.history_.info["device"] == "cpu"
+    out = tmp_path / "run"
+    run(
+        "train",
+        "--data",
+        "breast_cancer",
+        "--width",
+        256,
+        "--iters",
+        3,
+        "--device",
+        "cpu",
+        "--out",
+        out,
+        "--quiet",
+    )
+    assert ct.TwoLayerReLU.load(out / "model.npz").m == 256
+    bad = run("train", "--data", "breast_cancer", "--device", "cuda:9", "--out", out, check=False)
+    assert bad.returncode != 0 and "devices found" in bad.stderr.splitlines()[-1]
+
+
+def test_gpu_benchmark_runs_on_the_cpu(tmp_path, monkeypatch):
+    """``benchmarks/bench_gpu.py``'s measurement, shrunk, on ``device="cpu"``: the first
+    losses of every device method agree with PyTorch float64 (asserted inside), and the
+    JSON holds every run."""
+    import json
+
+    from corrtree.bench import gpu
+
+    tiny = {**gpu.SIZES["small"], "cases": ("W5", "W1 lr/2"), "threads": (1,)}
+    monkeypatch.setitem(gpu.SIZES, "tiny", tiny)
+    gpu.run("tiny", str(tmp_path))
+    res = json.loads((tmp_path / "gpu_tiny.json").read_text())
+    assert set(res["results"]) == {"W5", "W1 lr/2"}
+    runs = res["results"]["W1 lr/2"]["runs"]
+    assert {"dense", "auto", "torch float64", "torch float32", "torch tf32"} <= set(runs)
+    assert runs["dense"]["lr"] == pytest.approx(runs["auto"]["lr"])
+    cpu = res["results"]["W5"]["cpu"]["1"]
+    assert cpu["dense"]["total_s"] > 0 and cpu["lazy"]["total_s"] > 0
