@@ -164,3 +164,61 @@ def test_gpu_benchmark_runs_on_the_cpu(tmp_path, monkeypatch):
     assert runs["dense"]["lr"] == pytest.approx(runs["auto"]["lr"])
     cpu = res["results"]["W5"]["cpu"]["1"]
     assert cpu["dense"]["total_s"] > 0 and cpu["lazy"]["total_s"] > 0
+
+
+@pytest.mark.parametrize("K", [1, 3])
+def test_device_lazy_follows_the_dense_trajectory(K):
+    """The tracked-pair trainer of the array path: the dense trajectory and its History
+    (fire counts, flips), re-anchoring included (small n: many neurons re-anchor)."""
+    X, y = _data(n=48, d=8, K=K, seed=5)
+    dense = ct.TwoLayerReLU.init(d=8, m=2048, outputs=K, seed=6)
+    lazy = ct.TwoLayerReLU(dense.W, dense.a, dense.b)
+    hd = ct.train(dense, X, y, method="dense", iters=20)
+    hl = ct.train(lazy, X, y, method="lazy", iters=20, device="cpu")
+    assert hl.info["device"] == "cpu" and sum(hl.reanchored) > 0
+    np.testing.assert_allclose(hl.loss, hd.loss, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(lazy.W, dense.W, rtol=0, atol=1e-9)
+    assert hl.fired_pairs == hd.fired_pairs and hl.flips == hd.flips
+    assert hl.moved_neurons == hd.moved_neurons
+
+
+def test_device_lazy_certificate_is_what_keeps_it_exact(monkeypatch):
+    """With the drift certificate switched off (no neuron ever re-anchored), pairs that
+    crossed b outside the band are missed and the trajectory leaves dense's: the test
+    above can fail."""
+    from corrtree.training import device_band
+
+    X, y = _data(n=48, d=8, seed=5)
+    dense = ct.TwoLayerReLU.init(d=8, m=2048, seed=6)
+    lazy = ct.TwoLayerReLU(dense.W, dense.a, dense.b)
+    ct.train(dense, X, y, method="dense", iters=20)
+    monkeypatch.setattr(device_band, "_EPS", -1e300)  # D² clamped to 0: never expires
+    ct.train(lazy, X, y, method="lazy", iters=20, device="cpu")
+    assert np.abs(lazy.W - dense.W).max() > 1e-6
+
+
+def test_device_lazy_checkpoint_resumes_bit_for_bit(tmp_path):
+    X, y = _data(n=48, d=8, K=2, seed=7)
+    whole = ct.TwoLayerReLU.init(d=8, m=1024, outputs=2, seed=8)
+    part = ct.TwoLayerReLU(whole.W, whole.a, whole.b)
+    hw = ct.train(whole, X, y, method="lazy", iters=15, device="cpu")
+    ck = tmp_path / "run.npz"
+    ct.train(
+        part,
+        X,
+        y,
+        method="lazy",
+        iters=15,
+        device="cpu",
+        checkpoint=ck,
+        checkpoint_every=4,
+        callback=lambda t, h: t < 6,
+    )
+    model, hist = ct.resume(ck, X, y, device="cpu")
+    np.testing.assert_array_equal(model.W, whole.W)
+    np.testing.assert_array_equal(hist.loss, hw.loss)
+    assert hist.flips == hw.flips
+    with pytest.raises(ct.training.CheckpointError, match="written by the array path"):
+        ct.resume(ck, X, y)
+    with pytest.raises(ValueError, match="plain gradient steps"):
+        ct.train(part, X, y, method="lazy", iters=2, device="cpu", momentum=0.5, lr=0.1)

@@ -45,6 +45,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "measured": 2,
         "cpu_cases": ("W5",),
         "cpu_budget_s": 10.0,
+        "device_budget_s": 10.0,
         "threads": (2, 1),
     },
     "large": {
@@ -56,6 +57,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "measured": 5,
         "cpu_cases": ("W1", "W2", "W5"),
         "cpu_budget_s": 30.0,
+        "device_budget_s": 20.0,
         "threads": (None, 2),  # None: every core
     },
 }
@@ -124,12 +126,20 @@ def torch_dense(X, Y, model, lr, iters, measured, dev, precision: str) -> dict[s
         torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
-def device_run(X, Y, model, method, lr, iters, measured, device) -> dict[str, Any]:
+def device_run(X, Y, model, method, lr, iters, measured, device, budget_s) -> dict[str, Any]:
     """corrtree on the device: dense for ``measured`` steps (extrapolated), the others
     whole; the first loss and a sketch of the final weights."""
     dense = method == "dense"
     steps = min(iters, measured + 1) if dense else iters
-    hist = train(model, X, Y, method=method, lr=lr, iters=steps, device=device)
+    t0 = time.perf_counter()
+
+    def within_budget(t: int, hist) -> bool:  # past the budget: extrapolated
+        return time.perf_counter() - t0 < budget_s or t + 1 >= steps
+
+    hist = train(
+        model, X, Y, method=method, lr=lr, iters=steps, device=device, callback=within_budget
+    )
+    steps = len(hist)
     times = hist.iteration_times
     per = float(np.median(times[1:])) if len(times) > 1 else float(times[0])
     total = hist.total_time + (iters - steps) * per
@@ -193,12 +203,16 @@ def run(size: str = "large", out_dir: str = "benchmarks/results") -> dict[str, A
         lr: Any = "auto"
         for method in methods:
             model = TwoLayerReLU(base.W, base.a, base.b)
-            runs[method] = device_run(X, Y, model, method, lr, iters, cfg["measured"], dev)
+            runs[method] = device_run(
+                X, Y, model, method, lr, iters, cfg["measured"], dev, cfg["device_budget_s"]
+            )
             if lr == "auto":
                 lr = runs[method]["lr"] * case.get("lr_factor", 1.0)
                 if case.get("lr_factor", 1.0) != 1.0:  # the variant's rate, from here on
                     model = TwoLayerReLU(base.W, base.a, base.b)
-                    runs[method] = device_run(X, Y, model, method, lr, iters, cfg["measured"], dev)
+                    runs[method] = device_run(
+                        X, Y, model, method, lr, iters, cfg["measured"], dev, cfg["device_budget_s"]
+                    )
         for precision in ("float64", "float32", "tf32"):
             runs[f"torch {precision}"] = torch_dense(
                 X, Y, base, lr, iters, cfg["measured"], dev, precision

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ._base import Trainer
 from .dense import DenseTrainer
+from .device_band import DeviceLazyTrainer
 from .device_dense import DeviceDenseTrainer
 from .dtree import DTreeTrainer
 from .kernel import KernelTrainer
@@ -21,4 +22,4 @@ TRAINERS: dict[str, type[Trainer]] = {
 }
 METHODS = ("auto", *TRAINERS)
 #: The methods of the array path (``device=``): the same names, tensors on a torch device.
-DEVICE_TRAINERS: dict[str, type[Trainer]] = {"dense": DeviceDenseTrainer}
+DEVICE_TRAINERS: dict[str, type[Trainer]] = {"dense": DeviceDenseTrainer, "lazy": DeviceLazyTrainer}

@@ -80,6 +80,7 @@ def save_checkpoint(
         "b": model.b,
         "squeeze": model.a.ndim == 1,
         "scalars": scalars,
+        "array_state": bool(getattr(trainer, "ARRAY_STATE", False)),
         "history": history.as_dict(),
         "meta": meta,
     }
@@ -134,6 +135,12 @@ def load_checkpoint(
         )
     if cls is None:
         raise CheckpointError(f"{path}: unknown trainer {manifest['trainer']!r}")
+    if manifest.get("array_state", False) != getattr(cls, "ARRAY_STATE", False):
+        where = "on a device (device=...)" if manifest.get("array_state") else "with device=None"
+        raise CheckpointError(
+            f"{path}: the state of method {manifest['trainer']!r} was written by the "
+            f"{'array' if manifest.get('array_state') else 'CPU'} path; resume it {where}"
+        )
     if manifest["schema"] != cls.SCHEMA.version:
         raise CheckpointError(
             f"{path}: state version {manifest['schema']!r} of trainer "
