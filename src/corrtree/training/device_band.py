@@ -186,21 +186,30 @@ class DeviceLazyTrainer(Trainer):
             else:
                 idx = rows[s : s + step]
             J = self.J[idx]
-            Gs = self.Gp[J[:, :, None], J[:, None, :]]
             dC = self.C[idx] - self.cref[idx]
-            GdC = torch.bmm(Gs, dC[:, :, None])[:, :, 0]
+            # only the pairs whose coefficient moved since the anchor (those that fired)
+            # enter the sums: gather G at those P columns only, P = their most in a row
+            moving = dC != 0
+            P = int(moving.sum(dim=1).max()) if idx.numel() else 0
+            if P == 0:
+                self.V[idx] = self.uref[idx]
+                continue
+            first = torch.argsort((~moving).to(torch.int8), dim=1, stable=True)[:, :P]
+            Jp, dCp = torch.gather(J, 1, first), torch.gather(dC, 1, first)
+            Gs = self.Gp[Jp[:, :, None], J[:, None, :]]  # (rows, P, Q)
+            GdC = torch.bmm(dCp[:, None, :], Gs)[:, 0, :]
             self.V[idx] = self.uref[idx] - GdC
             if rows is None:
                 D2 = (dC * GdC).sum(dim=1)
-                # rounding of the quadratic form: at most (Q+2)·ε of its absolute terms
-                dA = dC.abs()
-                absq = (dA * torch.bmm(Gs.abs(), dA[:, :, None])[:, :, 0]).sum(dim=1)
-                D = torch.sqrt(torch.clamp(D2, min=0.0) + 4.0 * (Q + 2) * _EPS * absq)
+                # rounding of the quadratic form: at most (P+2)·ε of its absolute terms
+                absq = (dC.abs() * torch.bmm(dCp.abs()[:, None, :], Gs.abs())[:, 0, :]).sum(dim=1)
+                D = torch.sqrt(torch.clamp(D2, min=0.0) + 4.0 * (P + 2) * _EPS * absq)
                 bad = D * self.R * (1.0 + 1e-12) + 1e-300 >= self.beta[idx]
                 expired.append(idx[bad])
         self.F = (self.V >= self.b) & (self.J < self.n)
         if rows is None:
-            return torch.cat(expired)
+            none = torch.zeros(0, dtype=torch.int64, device=self.device)
+            return torch.cat([none, *expired])
         return None
 
     def _flips(self, before, again, old) -> int:
