@@ -222,3 +222,13 @@ def test_device_lazy_checkpoint_resumes_bit_for_bit(tmp_path):
         ct.resume(ck, X, y)
     with pytest.raises(ValueError, match="plain gradient steps"):
         ct.train(part, X, y, method="lazy", iters=2, device="cpu", momentum=0.5, lr=0.1)
+
+
+def test_device_lazy_that_would_not_fit_is_refused_in_one_line(monkeypatch):
+    import corrtree._validation as v
+
+    X, y = _data()
+    model = ct.TwoLayerReLU.init(d=10, m=4096)
+    monkeypatch.setattr(v, "available_memory", lambda: 50_000.0)
+    with pytest.raises(MemoryError, match=r"method='lazy' at m=4096, n=64, d=10 on cpu needs"):
+        ct.train(model, X, y, method="lazy", iters=1, device="cpu")

@@ -35,6 +35,7 @@ from .._device import check_device_memory, free_bytes
 from ._base import Trainer
 from ._sparse import keys_to_csr
 from ._state import Field, Scalar, Schema
+from .costs import fire_share
 from .optim import LinearStep
 
 __all__ = ["DeviceLazyTrainer"]
@@ -86,9 +87,12 @@ class DeviceLazyTrainer(Trainer):
         dev = self.device
         n, d = self.X.shape
         self.n, self.band = n, band
-        check_device_memory(
-            8.0 * (self.m * d + (n + 1) ** 2 + (n + 1) * d), dev, f"method='lazy' on {dev}"
-        )
+        # W(0), G, X, and the padded rows (J, U(t_a), C(t_a), C, V: 41 bytes a place) at
+        # about twice the mean band: the widest row sets the padding
+        norms = np.sqrt(np.einsum("ij,ij->i", self.X, self.X))
+        places = 2.0 * n * fire_share(norms, self.b - band) + 8.0
+        need = 8.0 * (self.m * d + (n + 1) ** 2 + (n + 1) * d) + 41.0 * self.m * places
+        check_device_memory(need, dev, f"method='lazy' at m={self.m}, n={n}, d={d} on {dev}")
         f64 = torch.float64
         host = np.zeros((n + 1, d))
         host[:n] = self.X
