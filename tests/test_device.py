@@ -84,9 +84,6 @@ def test_devices_and_methods_that_are_not_there_are_refused_in_one_line():
         with pytest.raises(ValueError, match=text) as err:
             ct.train(model, X, y, iters=1, **{"method": "dense", **kw})
         assert "\n" not in str(err.value)
-    implicit = ct.TwoLayerReLU.init(d=10, m=256, implicit=True)
-    with pytest.raises(ValueError, match="does not train implicit models"):
-        ct.train(implicit, X, y, iters=1, device="cpu")
     with pytest.raises(TypeError, match="unknown option 'band' for method='dense'"):
         ct.train(model, X, y, method="dense", iters=1, device="cpu", band=0.5)
 
@@ -232,3 +229,18 @@ def test_device_lazy_that_would_not_fit_is_refused_in_one_line(monkeypatch):
     monkeypatch.setattr(v, "available_memory", lambda: 50_000.0)
     with pytest.raises(MemoryError, match=r"method='lazy' at m=4096, n=64, d=10 on cpu needs"):
         ct.train(model, X, y, method="lazy", iters=1, device="cpu")
+
+
+def test_device_lazy_trains_an_implicit_model():
+    """W(0) regenerated on the device by the generator's torch twin: the explicit dense
+    trajectory from the same W(0), and a model that stays implicit (trained twice)."""
+    X, y = _data(n=48, d=8, K=2, seed=9)
+    implicit = ct.TwoLayerReLU.init(d=8, m=2048, outputs=2, seed=4, implicit=True)
+    explicit = implicit.to_explicit()
+    for _ in range(2):
+        hist = ct.train(implicit, X, y, iters=10, device="cpu")  # auto: lazy
+        ct.train(explicit, X, y, method="dense", iters=10)
+        assert hist.method == "lazy" and implicit.implicit
+        np.testing.assert_allclose(implicit.weights(), explicit.W, rtol=0, atol=1e-9)
+    with pytest.raises(ValueError, match="an implicit model trains there with method='lazy'"):
+        ct.train(implicit, X, y, method="dense", iters=1, device="cpu")

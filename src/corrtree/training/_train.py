@@ -309,15 +309,18 @@ def _check_device(device: Any, method: str, model: TwoLayerReLU, client: Any, sh
     dev = resolve(device)
     if client is not None or shards is not None:
         raise ValueError("device= runs in one process: leave out client and shards")
-    if model.implicit:
-        raise ValueError("device= does not train implicit models yet: use device=None")
-    if method == "auto":
-        return dev, "dense"
-    if method not in DEVICE_TRAINERS:
+    if method != "auto" and method not in DEVICE_TRAINERS:
         on = ", ".join(repr(k) for k in DEVICE_TRAINERS)
         raise ValueError(
             f"method={method!r} has no device path; on a device use method={on} "
             f"(or device=None for the CPU trainers)"
+        )
+    if method == "auto":
+        method = "lazy" if model.implicit else "dense"
+    if model.implicit and not DEVICE_TRAINERS.get(method, Trainer).implicit_ok:
+        raise ValueError(
+            f"method={method!r} on a device needs the stored weight matrix; an implicit "
+            f"model trains there with method='lazy'"
         )
     return dev, method
 
