@@ -1,8 +1,10 @@
 """The array path (``device=``) on ``device="cpu"``: the same trajectory as the CPU
-trainers, checkpoints across paths, and the one-line refusals."""
+trainers, checkpoints across paths, and the one-line refusals.  The exactness tests run
+on ``CORRTREE_TEST_DEVICE`` when it is set (e.g. ``cuda`` on a machine with a GPU)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -12,6 +14,14 @@ import pytest
 import corrtree as ct
 
 torch = pytest.importorskip("torch")
+
+DEVICE = os.environ.get("CORRTREE_TEST_DEVICE", "cpu")
+
+
+def _resolved():
+    from corrtree._device import resolve
+
+    return resolve(DEVICE)
 
 
 def _data(n=64, d=10, K=1, seed=0):
@@ -32,8 +42,8 @@ def test_device_dense_follows_the_cpu_trajectory(K, kw):
     cpu = ct.TwoLayerReLU.init(d=10, m=2048, outputs=K, seed=1)
     dev = ct.TwoLayerReLU(cpu.W, cpu.a, cpu.b)
     hc = ct.train(cpu, X, y, method="dense", iters=12, **kw)
-    hd = ct.train(dev, X, y, method="auto", iters=12, device="cpu", **kw)
-    assert hd.method == "dense" and hd.info["device"] == "cpu"
+    hd = ct.train(dev, X, y, method="auto", iters=12, device=DEVICE, **kw)
+    assert hd.method == "dense" and hd.info["device"] == str(_resolved())
     assert hd.lr == pytest.approx(hc.lr, rel=1e-12)
     np.testing.assert_allclose(hd.loss, hc.loss, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(dev.W, cpu.W, rtol=0, atol=1e-9)
@@ -41,7 +51,7 @@ def test_device_dense_follows_the_cpu_trajectory(K, kw):
     assert hd.moved_neurons == hc.moved_neurons
 
 
-@pytest.mark.parametrize(("first", "then"), [("cpu", None), (None, "cpu")])
+@pytest.mark.parametrize(("first", "then"), [(DEVICE, None), (None, DEVICE)])
 def test_checkpoints_resume_on_the_other_path(tmp_path, first, then):
     X, y = _data(seed=3)
     whole = ct.TwoLayerReLU.init(d=10, m=1024, seed=2)
@@ -171,8 +181,8 @@ def test_device_lazy_follows_the_dense_trajectory(K):
     dense = ct.TwoLayerReLU.init(d=8, m=2048, outputs=K, seed=6)
     lazy = ct.TwoLayerReLU(dense.W, dense.a, dense.b)
     hd = ct.train(dense, X, y, method="dense", iters=20)
-    hl = ct.train(lazy, X, y, method="lazy", iters=20, device="cpu")
-    assert hl.info["device"] == "cpu" and sum(hl.reanchored) > 0
+    hl = ct.train(lazy, X, y, method="lazy", iters=20, device=DEVICE)
+    assert hl.info["device"] == str(_resolved()) and sum(hl.reanchored) > 0
     np.testing.assert_allclose(hl.loss, hd.loss, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(lazy.W, dense.W, rtol=0, atol=1e-9)
     assert hl.fired_pairs == hd.fired_pairs and hl.flips == hd.flips
@@ -190,7 +200,7 @@ def test_device_lazy_certificate_is_what_keeps_it_exact(monkeypatch):
     lazy = ct.TwoLayerReLU(dense.W, dense.a, dense.b)
     ct.train(dense, X, y, method="dense", iters=20)
     monkeypatch.setattr(device_band, "_EPS", -1e300)  # D² clamped to 0: never expires
-    ct.train(lazy, X, y, method="lazy", iters=20, device="cpu")
+    ct.train(lazy, X, y, method="lazy", iters=20, device=DEVICE)
     assert np.abs(lazy.W - dense.W).max() > 1e-6
 
 
@@ -198,7 +208,7 @@ def test_device_lazy_checkpoint_resumes_bit_for_bit(tmp_path):
     X, y = _data(n=48, d=8, K=2, seed=7)
     whole = ct.TwoLayerReLU.init(d=8, m=1024, outputs=2, seed=8)
     part = ct.TwoLayerReLU(whole.W, whole.a, whole.b)
-    hw = ct.train(whole, X, y, method="lazy", iters=15, device="cpu")
+    hw = ct.train(whole, X, y, method="lazy", iters=15, device=DEVICE)
     ck = tmp_path / "run.npz"
     ct.train(
         part,
@@ -206,12 +216,12 @@ def test_device_lazy_checkpoint_resumes_bit_for_bit(tmp_path):
         y,
         method="lazy",
         iters=15,
-        device="cpu",
+        device=DEVICE,
         checkpoint=ck,
         checkpoint_every=4,
         callback=lambda t, h: t < 6,
     )
-    model, hist = ct.resume(ck, X, y, device="cpu")
+    model, hist = ct.resume(ck, X, y, device=DEVICE)
     np.testing.assert_array_equal(model.W, whole.W)
     np.testing.assert_array_equal(hist.loss, hw.loss)
     assert hist.flips == hw.flips
@@ -238,7 +248,7 @@ def test_device_lazy_trains_an_implicit_model():
     implicit = ct.TwoLayerReLU.init(d=8, m=2048, outputs=2, seed=4, implicit=True)
     explicit = implicit.to_explicit()
     for _ in range(2):
-        hist = ct.train(implicit, X, y, iters=10, device="cpu")  # auto: lazy
+        hist = ct.train(implicit, X, y, iters=10, device=DEVICE)  # auto: lazy
         ct.train(explicit, X, y, method="dense", iters=10)
         assert hist.method == "lazy" and implicit.implicit
         np.testing.assert_allclose(implicit.weights(), explicit.W, rtol=0, atol=1e-9)
