@@ -214,8 +214,9 @@ class DeviceLazyTrainer(Trainer):
             self.V[idx] = self.uref[idx] - GdC
             if rows is None:
                 D2 = (dC * GdC).sum(dim=1)
-                # rounding of the quadratic form: at most (P+2)·ε of its absolute terms
-                absq = (dC.abs() * torch.bmm(dCp.abs()[:, None, :], Gs.abs())[:, 0, :]).sum(dim=1)
+                # rounding of the quadratic form: at most (P+2)·ε of its absolute terms,
+                # Σ_pq |ΔC_p||G_pq||ΔC_q| <= (Σ_p |ΔC_p|)²·R² (|G_pq| <= R²)
+                absq = dCp.abs().sum(dim=1) ** 2 * (self.R * self.R)
                 D = torch.sqrt(torch.clamp(D2, min=0.0) + 4.0 * (P + 2) * _EPS * absq)
                 bad = D * self.R * (1.0 + 1e-12) + 1e-300 >= self.beta[idx]
                 expired.append(idx[bad])
