@@ -120,6 +120,8 @@ def test_implicit_model_interface(tmp_path):
     np.testing.assert_array_equal(explicit.weights(3, 9), W[3:9])
     model.export_weights(tmp_path / "W.npy")
     np.testing.assert_array_equal(np.load(tmp_path / "W.npy", mmap_mode="r"), W)
+    with pytest.raises(ValueError, match="start must be an integer or None"):
+        model.weights(1.5, 3)
     with pytest.raises(ValueError, match="set_weights: an implicit"):
         model.set_weights(W)
     with pytest.raises(ValueError, match="seed must be in"):

@@ -196,9 +196,13 @@ class TwoLayerReLU:
         """Rows ``start:stop`` of the current hidden weights as a new float64 array
         (regenerated for an implicit model).  O((stop - start)·d), plus for an implicit
         model O(d) per coefficient of those rows."""
-        start, stop, step = slice(start, stop).indices(self.m)
-        if step != 1 or stop < start:
-            stop = start
+        for name, value in (("start", start), ("stop", stop)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | np.integer)
+            ):
+                raise ValueError(f"{name} must be an integer or None, got {value!r}")
+        start, stop, _ = slice(start, stop).indices(self.m)
+        stop = max(start, stop)
         if not self.implicit:
             return np.array(self._W[start:stop])
         return self._src.rows(start, stop)

@@ -22,7 +22,7 @@ from .._device import check_device_memory, free_bytes
 from ._base import Trainer, previous_fire
 from ._sparse import keys_to_csr
 from .dense import DenseTrainer
-from .optim import LinearStep
+from .optim import LinearStep, explicit_update
 
 __all__ = ["DeviceDenseTrainer"]
 
@@ -185,7 +185,7 @@ class DeviceDenseTrainer(Trainer):
                 else:
                     grad *= self.scale
                     V = None if self.Vt is None else self.Vt[s : s + self.block]
-                    _linear_update(W, V, grad, step)
+                    explicit_update(W, V, grad, step)  # in-place ops: tensors too
         if batch is None:
             self.prev = mask
         self.u = self.mask = None
@@ -193,18 +193,3 @@ class DeviceDenseTrainer(Trainer):
 
     def weights(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         return self.Wt[start:stop].cpu().numpy().copy()
-
-
-def _linear_update(W, V, grad, step: LinearStep) -> None:
-    """:func:`~.optim.explicit_update` on tensors, in place (``grad`` overwritten)."""
-    if step.lam:
-        grad += step.lam * W
-    if step.mu:
-        V *= step.mu
-        V += grad
-        if step.nesterov:
-            grad += step.mu * V
-        else:
-            grad.copy_(V)
-    grad *= step.eta
-    W -= grad
