@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+from runs import interrupted
 
 import corrtree as ct
 
@@ -58,18 +59,18 @@ def test_checkpoints_resume_on_the_other_path(tmp_path, first, then):
     part = ct.TwoLayerReLU(whole.W, whole.a, whole.b)
     ct.train(whole, X, y, method="dense", iters=10, lr=1.0, momentum=0.5)
     ck = tmp_path / "run.npz"
-    ct.train(
+    interrupted(
         part,
         X,
         y,
+        ck,
+        4,
         method="dense",
         iters=10,
         lr=1.0,
         momentum=0.5,
         device=first,
-        checkpoint=ck,
         checkpoint_every=3,
-        callback=lambda t, h: t < 4,
     )
     model, hist = ct.resume(ck, X, y, device=then)
     assert len(hist) == 10
@@ -210,17 +211,7 @@ def test_device_lazy_checkpoint_resumes_bit_for_bit(tmp_path):
     part = ct.TwoLayerReLU(whole.W, whole.a, whole.b)
     hw = ct.train(whole, X, y, method="lazy", iters=15, device=DEVICE)
     ck = tmp_path / "run.npz"
-    ct.train(
-        part,
-        X,
-        y,
-        method="lazy",
-        iters=15,
-        device=DEVICE,
-        checkpoint=ck,
-        checkpoint_every=4,
-        callback=lambda t, h: t < 6,
-    )
+    interrupted(part, X, y, ck, 6, method="lazy", iters=15, device=DEVICE, checkpoint_every=4)
     model, hist = ct.resume(ck, X, y, device=DEVICE)
     np.testing.assert_array_equal(model.W, whole.W)
     np.testing.assert_array_equal(hist.loss, hw.loss)

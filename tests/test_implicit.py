@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from naive import implicit_weight, philox4x32_10
+from runs import interrupted
 
 import corrtree as ct
 from corrtree import _philox
@@ -232,16 +233,7 @@ def test_implicit_checkpoint_resumes_bit_for_bit(tmp_path, method):
     hw = ct.train(whole, X, y, method=method, iters=20)
     part = ct.TwoLayerReLU.init(d=10, m=2**16, outputs=2, seed=8, implicit=True)
     ck = tmp_path / "run.ckpt"
-    ct.train(
-        part,
-        X,
-        y,
-        method=method,
-        iters=20,
-        checkpoint=ck,
-        checkpoint_every=7,
-        callback=lambda t, h: t < 9,
-    )
+    interrupted(part, X, y, ck, 9, method=method, iters=20, checkpoint_every=7)
     with np.load(ck) as data:
         assert "model_W" not in data.files and "model_w_seed" in data.files
     model, hr = ct.resume(ck, X, y)
@@ -250,16 +242,7 @@ def test_implicit_checkpoint_resumes_bit_for_bit(tmp_path, method):
     np.testing.assert_array_equal(model.weights(), whole.weights())
     # the explicit model from the same W(0), interrupted and resumed too
     ck2 = tmp_path / "explicit.ckpt"
-    ct.train(
-        explicit,
-        X,
-        y,
-        method=method,
-        iters=20,
-        checkpoint=ck2,
-        checkpoint_every=7,
-        callback=lambda t, h: t < 9,
-    )
+    interrupted(explicit, X, y, ck2, 9, method=method, iters=20, checkpoint_every=7)
     back, _ = ct.resume(ck2, X, y)
     np.testing.assert_allclose(back.W, model.weights(), rtol=0, atol=1e-9)
     # a tampered seed is refused before anything runs
@@ -284,17 +267,7 @@ def test_sharded_implicit_runs_regenerate_their_rows(tmp_path, method):
     # a sharded checkpoint stores no rows and resumes on its own shards only
     part = ct.TwoLayerReLU.init(d=8, m=2**12, outputs=2, seed=3, implicit=True)
     ck = tmp_path / "sharded.npz"
-    ct.train(
-        part,
-        X,
-        y,
-        method=method,
-        iters=12,
-        shards=3,
-        checkpoint=ck,
-        checkpoint_every=4,
-        callback=lambda t, h: t < 5,
-    )
+    interrupted(part, X, y, ck, 5, method=method, iters=12, shards=3, checkpoint_every=4)
     for f in tmp_path.glob("*.npz"):
         with np.load(f) as data:
             assert not any(k.endswith("_W") for k in data.files), f.name
