@@ -292,6 +292,16 @@ def test_implicit_forward_finds_the_same_firing_pairs():
     counts = edge.fire_counts(X)
     assert counts[3] >= 1
     np.testing.assert_array_equal(counts, edge.to_explicit().fire_counts(X))
+    # b just below a product that float32 rounds further below it: only the error bound
+    # of the float32 GEMM makes that pair a candidate
+    U64 = W @ X.T
+    U32 = (W.astype(np.float32) @ X.astype(np.float32).T).astype(np.float64)
+    gap = np.where(U64 > 1.0, (U64 - U32) / U64, 0.0)
+    r, j = np.unravel_index(np.argmax(gap), gap.shape)
+    b = U64[r, j] * (1 - 1e-12)
+    assert U32[r, j] < b
+    edge = ct.TwoLayerReLU._of_implicit(model._src, model._a, float(b), False)
+    np.testing.assert_array_equal(edge.fire_counts(X), edge.to_explicit().fire_counts(X))
 
 
 def test_cli_trains_and_predicts_an_implicit_model(tmp_path):
