@@ -335,8 +335,10 @@ class TwoLayerReLU:
         out = np.zeros((n, self.outputs))
         counts = np.zeros(n, dtype=np.int64)
         starts, block = self._blocks(n)
-        X32 = X.astype(np.float32) if self.implicit else None
-        R = float(np.sqrt(np.einsum("ij,ij->i", X, X)).max()) if n else 0.0
+        X32, R = None, 0.0
+        if self.implicit:  # the float32 forward (rows regenerated anyway)
+            X32 = X.astype(np.float32)
+            R = float(np.sqrt(np.einsum("ij,ij->i", X, X)).max()) if n else 0.0
         for s in starts:
             rows = self._src.rows(s, min(s + block, self.m))
             a = self._a[s : s + block]
