@@ -549,6 +549,78 @@ def wide(res: dict) -> str:
     return "\n".join(out).rstrip()
 
 
+#: Targets against PyTorch float64 dense on the same GPU (the variants have none).
+GPU_TARGETS = {"W1": 10.0, "W2": 2.0, "W3": 2.0, "W4": 2.0, "W5": 2.0, "W1 wide": 30.0}
+GPU_METHODS = ("dense", "lazy", "kernel")
+
+
+def gpu_runs(res: dict) -> str:
+    """Whole runs on one GPU against PyTorch dense there, and the CPU trainers' scaling
+    with the machine's cores."""
+
+    def cell(v: dict) -> str:
+        return f"{v['total_s']:.3g} s" + ("*" if v.get("extrapolated") else "")
+
+    rows, cpu_rows = [], []
+    for name, r in res["results"].items():
+        runs = r["runs"]
+        best = min(runs[k]["total_s"] for k in (*GPU_METHODS, "auto") if k in runs)
+        f64, f32 = runs["torch float64"]["total_s"], runs["torch float32"]["total_s"]
+        target = GPU_TARGETS.get(name)
+        verdict = "–"
+        if target is not None:
+            met = f64 / best >= target and f32 / best >= 1.0
+            verdict = f"≥ {target:.0f}× and ≥ 1× {'met' if met else '**missed**'}"
+        rows.append(
+            [
+                name,
+                f"{_pow2(r['m'])}, {r['iters']}",
+                *(cell(runs[f"torch {p}"]) for p in ("float64", "float32", "tf32")),
+                *(cell(runs[k]) if k in runs else "–" for k in GPU_METHODS),
+                f"{cell(runs['auto'])} ({runs['auto']['method']})",
+                _x(f64 / best),
+                _x(f32 / best),
+                verdict,
+            ]
+        )
+        for threads, by in sorted(r.get("cpu", {}).items()):
+            (_, d), (fast, f) = sorted(by.items(), key=lambda kv: kv[0] != "dense")
+            cpu_rows.append(
+                [name, threads, cell(d), f"{cell(f)} ({fast})", _x(d["total_s"] / f["total_s"])]
+            )
+    out = [
+        _table(
+            [
+                "workload",
+                "m, iterations",
+                "torch f64",
+                "torch f32",
+                "torch TF32",
+                "dense",
+                "lazy",
+                "kernel",
+                "auto (its pick)",
+                "best vs f64",
+                "best vs f32",
+                "target",
+            ],
+            rows,
+        )
+    ]
+    if cpu_rows:
+        out += [
+            "",
+            "The CPU trainers with every core of the GPU's host and with two (fresh processes):",
+            "",
+            _table(["workload", "threads", "dense numpy", "corrtree", "vs dense"], cpu_rows),
+        ]
+    return "\n".join(out)
+
+
+def gpu(res: dict) -> str:
+    return f"Device: {res['device_name']} ({res['device']}).\n\n{gpu_runs(res)}"
+
+
 SUITES = {
     "workloads": (
         "bench_workloads.py",
@@ -567,6 +639,15 @@ SUITES = {
         "counter-based generator, never stored, the trained model kept as one coefficient "
         'per pair that ever fired. The whole run (set-up, `lr="auto"`, every iteration) '
         "split into its phases, with the peak RSS of the process.",
+    ),
+    "gpu": (
+        "bench_gpu.py",
+        "On one GPU",
+        "corrtree's array path (`device=`) on one GPU against PyTorch dense gradient descent "
+        "with explicit gradients on that GPU (float64, float32 with TF32 off, TF32), on the "
+        'same data, model, learning rate and iterations; whole runs with `lr="auto"`; first '
+        "losses equal to PyTorch float64's to 1e-9 and final losses of the whole runs to each "
+        "other's (asserted).",
     ),
     "sgd": (
         "bench_sgd.py",
@@ -612,10 +693,12 @@ FORMATS = {
     "workloads": workloads,
     "sgd": sgd,
     "wide": wide,
+    "gpu": gpu,
 }
 
 BEGIN, END = "<!-- results-table -->", "<!-- /results-table -->"
 WIDE_BEGIN, WIDE_END = "<!-- wide-table -->", "<!-- /wide-table -->"
+GPU_BEGIN, GPU_END = "<!-- gpu-table -->", "<!-- /gpu-table -->"
 
 
 def benchmarks_readme(results: str, size: str) -> str:
@@ -659,6 +742,17 @@ def wide_table(results: str, size: str) -> str:
     return f"Measured on: {machine(res)}.\n\n{wide_runs(res)}\n"
 
 
+def gpu_table(results: str, size: str) -> str:
+    """The README's table of whole runs on one GPU."""
+    res = _load(results, f"gpu_{size}")
+    if res is None:
+        return (
+            "No GPU results yet: `PYTHONPATH=src python3 benchmarks/bench_gpu.py --size large` "
+            "on a CUDA machine writes them.\n"
+        )
+    return f"Measured on: {machine(res)}; {gpu(res)}\n"
+
+
 def with_results(readme: str, table: str, begin: str = BEGIN, end: str = END) -> str:
     """``readme`` with the text between the markers ``begin`` and ``end`` replaced by
     ``table``."""
@@ -685,7 +779,8 @@ def main() -> None:
         readme = fh.read()
     with open(top, "w", encoding="utf-8") as fh:
         readme = with_results(readme, results_table(args.results, args.size))
-        fh.write(with_results(readme, wide_table(args.results, args.size), WIDE_BEGIN, WIDE_END))
+        readme = with_results(readme, wide_table(args.results, args.size), WIDE_BEGIN, WIDE_END)
+        fh.write(with_results(readme, gpu_table(args.results, args.size), GPU_BEGIN, GPU_END))
 
 
 if __name__ == "__main__":

@@ -43,8 +43,8 @@ def test_device_dense_follows_the_cpu_trajectory(K, kw):
     cpu = ct.TwoLayerReLU.init(d=10, m=2048, outputs=K, seed=1)
     dev = ct.TwoLayerReLU(cpu.W, cpu.a, cpu.b)
     hc = ct.train(cpu, X, y, method="dense", iters=12, **kw)
-    hd = ct.train(dev, X, y, method="auto", iters=12, device=DEVICE, **kw)
-    assert hd.method == "dense" and hd.info["device"] == str(_resolved())
+    hd = ct.train(dev, X, y, method="dense", iters=12, device=DEVICE, **kw)
+    assert hd.info["device"] == str(_resolved())
     assert hd.lr == pytest.approx(hc.lr, rel=1e-12)
     np.testing.assert_allclose(hd.loss, hc.loss, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(dev.W, cpu.W, rtol=0, atol=1e-9)
@@ -84,7 +84,7 @@ def test_devices_and_methods_that_are_not_there_are_refused_in_one_line():
         ({"device": "cuda:7"}, "device='cuda:7' is not there; devices found: cpu"),
         ({"device": "warp-drive"}, "is not a device torch knows; devices found: cpu"),
         ({"device": 3}, "device must be a string"),
-        ({"device": "cpu", "method": "kernel"}, "method='kernel' has no device path"),
+        ({"device": "cpu", "method": "wtree"}, "method='wtree' has no device path"),
         ({"device": "cpu", "method": "dtree"}, "method='dtree' has no device path"),
         ({"device": "cpu", "method": "dense", "shards": 2}, "device= runs in one process"),
         ({"device": "cpu", "method": "dense", "block": 0}, "block must be >= 1"),
@@ -172,17 +172,28 @@ def test_gpu_benchmark_runs_on_the_cpu(tmp_path, monkeypatch):
     assert runs["dense"]["lr"] == pytest.approx(runs["auto"]["lr"])
     cpu = res["results"]["W5"]["cpu"]["1"]
     assert cpu["dense"]["total_s"] > 0 and cpu["lazy"]["total_s"] > 0
+    # the README's table of the JSON (benchmarks/tables.py)
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "benchmarks" / "tables.py"
+    spec = importlib.util.spec_from_file_location("tables", path)
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    text = tables.gpu_table(str(tmp_path), "tiny")
+    assert "| W1 lr/2 |" in text and "| W5 | 1 |" in text
 
 
+@pytest.mark.parametrize("method", ["lazy", "kernel"])
 @pytest.mark.parametrize("K", [1, 3])
-def test_device_lazy_follows_the_dense_trajectory(K):
-    """The tracked-pair trainer of the array path: the dense trajectory and its History
+def test_device_band_trainers_follow_the_dense_trajectory(K, method):
+    """The tracked-pair trainers of the array path: the dense trajectory and its History
     (fire counts, flips), re-anchoring included (small n: many neurons re-anchor)."""
     X, y = _data(n=48, d=8, K=K, seed=5)
     dense = ct.TwoLayerReLU.init(d=8, m=2048, outputs=K, seed=6)
     lazy = ct.TwoLayerReLU(dense.W, dense.a, dense.b)
     hd = ct.train(dense, X, y, method="dense", iters=20)
-    hl = ct.train(lazy, X, y, method="lazy", iters=20, device=DEVICE)
+    hl = ct.train(lazy, X, y, method=method, iters=20, device=DEVICE)
     assert hl.info["device"] == str(_resolved()) and sum(hl.reanchored) > 0
     np.testing.assert_allclose(hl.loss, hd.loss, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(lazy.W, dense.W, rtol=0, atol=1e-9)
@@ -205,13 +216,59 @@ def test_device_lazy_certificate_is_what_keeps_it_exact(monkeypatch):
     assert np.abs(lazy.W - dense.W).max() > 1e-6
 
 
-def test_device_lazy_checkpoint_resumes_bit_for_bit(tmp_path):
+def test_device_kernel_clock_is_what_keeps_it_exact(monkeypatch):
+    """With the clocks stopped (no neuron is ever due), the flips are missed and the
+    trajectory leaves dense's: the trajectory test can fail."""
+    from corrtree.training.device_kernel import DeviceKernelTrainer
+
+    X, y = _data(n=48, d=8, seed=5)
+    dense = ct.TwoLayerReLU.init(d=8, m=2048, seed=6)
+    kernel = ct.TwoLayerReLU(dense.W, dense.a, dense.b)
+    ct.train(dense, X, y, method="dense", iters=20)
+    monkeypatch.setattr(DeviceKernelTrainer, "_steps", lambda self, E: 1e-300 * self.clock)
+    ct.train(kernel, X, y, method="kernel", iters=20, device=DEVICE)
+    assert np.abs(kernel.W - dense.W).max() > 1e-6
+
+
+def test_device_kernel_with_sgd_follows_the_cpu_kernel():
+    """Mini-batches (the error zero outside the batch): the CPU kernel trainer's run,
+    History included."""
+    X, y = _data(n=48, d=8, K=2, seed=5)
+    cpu = ct.TwoLayerReLU.init(d=8, m=2048, outputs=2, seed=6)
+    dev = ct.TwoLayerReLU(cpu.W, cpu.a, cpu.b)
+    kw = {"method": "kernel", "iters": 24, "batch_size": 16, "lr": 0.5}
+    hc = ct.train(cpu, X, y, **kw)
+    hd = ct.train(dev, X, y, device=DEVICE, **kw)
+    np.testing.assert_allclose(hd.loss, hc.loss, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(dev.W, cpu.W, rtol=0, atol=1e-9)
+    assert hd.flips == hc.flips and hd.fired_pairs == hc.fired_pairs
+
+
+def test_device_kernel_sigma_bounds_the_fire_sets_top_eigenvalue():
+    """``σ_r² >= λ_max(G[S_r, S_r])`` for every neuron: the clocks' step bound."""
+    from corrtree.training.device_kernel import DeviceKernelTrainer
+
+    X, y = _data(n=40, d=6, seed=2)
+    model = ct.TwoLayerReLU.init(d=6, m=512, seed=3)
+    tr = DeviceKernelTrainer(model, X, y[:, None], X @ X.T, 0.5, device=_resolved())
+    rows = torch.arange(model.m, device=tr.device)
+    sigma = tr._sigma(rows, tr.F).cpu().numpy()
+    J, F = tr.J.cpu().numpy(), tr.F.cpu().numpy()
+    G = X @ X.T
+    for r in range(model.m):
+        S = J[r][F[r]]
+        top = np.linalg.eigvalsh(G[np.ix_(S, S)])[-1] if S.size else 0.0
+        assert sigma[r] ** 2 >= top * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("method", ["lazy", "kernel"])
+def test_device_band_checkpoint_resumes_bit_for_bit(tmp_path, method):
     X, y = _data(n=48, d=8, K=2, seed=7)
     whole = ct.TwoLayerReLU.init(d=8, m=1024, outputs=2, seed=8)
     part = ct.TwoLayerReLU(whole.W, whole.a, whole.b)
-    hw = ct.train(whole, X, y, method="lazy", iters=15, device=DEVICE)
+    hw = ct.train(whole, X, y, method=method, iters=15, device=DEVICE)
     ck = tmp_path / "run.npz"
-    interrupted(part, X, y, ck, 6, method="lazy", iters=15, device=DEVICE, checkpoint_every=4)
+    interrupted(part, X, y, ck, 6, method=method, iters=15, device=DEVICE, checkpoint_every=4)
     model, hist = ct.resume(ck, X, y, device=DEVICE)
     np.testing.assert_array_equal(model.W, whole.W)
     np.testing.assert_array_equal(hist.loss, hw.loss)
@@ -219,7 +276,7 @@ def test_device_lazy_checkpoint_resumes_bit_for_bit(tmp_path):
     with pytest.raises(ct.training.CheckpointError, match="written by the array path"):
         ct.resume(ck, X, y)
     with pytest.raises(ValueError, match="plain gradient steps"):
-        ct.train(part, X, y, method="lazy", iters=2, device="cpu", momentum=0.5, lr=0.1)
+        ct.train(part, X, y, method=method, iters=2, device="cpu", momentum=0.5, lr=0.1)
 
 
 def test_device_lazy_that_would_not_fit_is_refused_in_one_line(monkeypatch):
@@ -232,16 +289,82 @@ def test_device_lazy_that_would_not_fit_is_refused_in_one_line(monkeypatch):
         ct.train(model, X, y, method="lazy", iters=1, device="cpu")
 
 
-def test_device_lazy_trains_an_implicit_model():
+@pytest.mark.parametrize("method", ["lazy", "kernel"])
+def test_device_band_trainers_train_an_implicit_model(method):
     """W(0) regenerated on the device by the generator's torch twin: the explicit dense
     trajectory from the same W(0), and a model that stays implicit (trained twice)."""
     X, y = _data(n=48, d=8, K=2, seed=9)
     implicit = ct.TwoLayerReLU.init(d=8, m=2048, outputs=2, seed=4, implicit=True)
     explicit = implicit.to_explicit()
     for _ in range(2):
-        hist = ct.train(implicit, X, y, iters=10, device=DEVICE)  # auto: lazy
+        hist = ct.train(implicit, X, y, iters=10, device=DEVICE, method=method)
         ct.train(explicit, X, y, method="dense", iters=10)
-        assert hist.method == "lazy" and implicit.implicit
+        assert hist.method == method and implicit.implicit
         np.testing.assert_allclose(implicit.weights(), explicit.W, rtol=0, atol=1e-9)
-    with pytest.raises(ValueError, match="an implicit model trains there with method='lazy'"):
+    with pytest.raises(ValueError, match="an implicit model trains there with method='lazy' or"):
         ct.train(implicit, X, y, method="dense", iters=1, device="cpu")
+
+
+GPU_RATES = {"gemm": 5e13, "gather": 1e11, "stream": 5e11, "launch": 1e-5}
+
+
+def test_device_cost_model_ranks_the_methods_by_their_work():
+    """Calibrated rates of a GPU: the kernel trainer for a wide W1-like run, dense for a
+    narrow or short one (launches dominate), and no kernel when its matrices do not fit."""
+    from corrtree.training.device_costs import estimate_device
+
+    def costs(m, iters, free=np.inf, n=1024, K=1):
+        args = (n, m, 784, K, iters, 0.015, 0.07, 0.03, GPU_RATES, free)
+        return {k: estimate_device(k, *args) for k in ("dense", "lazy", "kernel")}
+
+    wide = costs(2**17, 300)
+    assert min(wide, key=wide.get) == "kernel" and wide["kernel"] < wide["lazy"]
+    narrow = costs(256, 3)
+    assert min(narrow, key=narrow.get) == "dense"
+    assert costs(2**17, 300, free=1e9, n=8192)["kernel"] == np.inf
+
+
+def test_device_auto_picks_a_method_that_takes_the_run(monkeypatch):
+    """auto on a device: calibrated once (its seconds reported apart from the run), an
+    implicit model never gets dense, momentum always does."""
+    from corrtree.training import device_costs
+
+    X, y = _data(n=48, d=8, seed=5)
+    model = ct.TwoLayerReLU.init(d=8, m=1024, seed=6)
+    h1 = ct.train(ct.TwoLayerReLU(model.W, model.a, model.b), X, y, iters=5, device=DEVICE)
+    assert h1.info["auto"] and set(h1.info["costs"]) == {"dense", "lazy", "kernel"}
+    assert h1.info["calibration_s"] >= 0 and h1.method == min(
+        h1.info["costs"], key=h1.info["costs"].get
+    )
+    assert str(_resolved()) in device_costs._RATES
+    hm = ct.train(
+        ct.TwoLayerReLU(model.W, model.a, model.b),
+        X,
+        y,
+        iters=3,
+        lr=0.1,
+        momentum=0.5,
+        device=DEVICE,
+    )
+    assert hm.method == "dense" and set(hm.info["costs"]) == {"dense"}
+    # a device where dense would win: an implicit model still gets a band trainer
+    monkeypatch.setitem(device_costs._RATES, str(_resolved()), {**GPU_RATES, "gemm": 1e20})
+    implicit = ct.TwoLayerReLU.init(d=8, m=1024, seed=6, implicit=True)
+    hi = ct.train(implicit, X, y, iters=3, device=DEVICE)
+    assert hi.method in ("lazy", "kernel") and "dense" not in hi.info["costs"]
+    assert hi.info["calibration_s"] == 0.0
+
+
+def test_segment_sums_without_segment_reduce_are_the_same_sums():
+    """The padded way (for a backend without ``segment_reduce``) against the runs summed
+    one by one in numpy, empty runs included."""
+    from corrtree.training.device_band import padded_sums, segment_sums
+
+    rng = np.random.default_rng(0)
+    counts = np.array([3, 0, 5, 1, 0, 7])
+    vals = rng.standard_normal((counts.sum(), 2))
+    ends = np.cumsum(counts)
+    want = np.array([vals[e - c : e].sum(axis=0) for c, e in zip(counts, ends, strict=True)])
+    t_vals, t_counts = torch.from_numpy(vals), torch.from_numpy(counts)
+    np.testing.assert_allclose(padded_sums(torch, t_vals, t_counts).numpy(), want, atol=1e-15)
+    np.testing.assert_allclose(segment_sums(torch, t_vals, t_counts).numpy(), want, atol=1e-15)

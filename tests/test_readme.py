@@ -83,5 +83,7 @@ def test_readme_is_for_users():
     wide = tables.wide_table(results, "large")
     assert "No results" not in wide
     assert tables.with_results(README, wide, tables.WIDE_BEGIN, tables.WIDE_END) == README
+    gpu = tables.gpu_table(results, "large")
+    assert tables.with_results(README, gpu, tables.GPU_BEGIN, tables.GPU_END) == README
     bench = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
     assert bench == tables.benchmarks_readme(results, "large")

@@ -289,6 +289,25 @@ def ntk_fits(n: int, outputs: int) -> bool:
     return ntk_bytes(n, outputs) <= NTK_MEMORY_SHARE * available_memory()
 
 
+# -- the array path's cost model (training/device_costs.py) ----------------------------
+#: Tensor operations launched per iteration, counted in the trainers' code: dense (two
+#: GEMMs, the mask, the reductions), lazy (the coefficient pass, the Gram gathers, the
+#: certificate, the sort-free outputs), kernel without a visit (the mat-vec, the clocks,
+#: the due mask) and per chunk of visited neurons.  Each costs the device's measured
+#: launch time, which on a GPU is what a small problem's iteration costs.
+DEVICE_DENSE_OPS = 12
+DEVICE_LAZY_OPS = 60
+DEVICE_KERNEL_OPS = 20
+DEVICE_VISIT_OPS = 90
+#: The padded rows hold the widest row's tracked pairs: about this many times the mean.
+DEVICE_PAD_FACTOR = 2.0
+#: The share of neurons a kernel step visits once the first steps are past, per unit of
+#: ``coherence × fired points`` (the CPU kernel trainer's measured shares, see costs.py),
+#: at most :data:`DEVICE_VISIT_MAX`; the first :data:`DEVICE_VISIT_WAVE` steps visit all.
+DEVICE_VISIT_SLOPE = 0.2
+DEVICE_VISIT_MAX = 0.95
+DEVICE_VISIT_WAVE = 6
+
 #: A run whose loss exceeds this many times its initial loss has diverged, however
 #: short it is (a stable step never raises the loss by orders of magnitude).
 DIVERGED_GROWTH = 1e4

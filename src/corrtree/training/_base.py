@@ -94,14 +94,20 @@ class Trainer:
         self._prepare(self._initial(model), **options)
         lr_s = 0.0
         if lr == "auto":
-            H = self.ntk()
-            # the fire sets, when read, are kept for the first iteration: not lr's cost
-            fire = (None, None) if formed_is_used(H) else self.initial_fire_sets()
-            t0 = time.perf_counter()
-            lr = lr_from_lambda(lambda_max(*fire, G, self.a, X, H, self.width))
-            lr_s = time.perf_counter() - t0
+            lam, lr_s = self._top_eigenvalue(G, X)
+            lr = lr_from_lambda(lam)
         self.info["lr_s"] = lr_s
         self._begin(lr)
+
+    def _top_eigenvalue(self, G: np.ndarray, X: np.ndarray) -> tuple[float, float]:
+        """``λ_max`` of the NTK matrix of ``W(0)``'s fire sets (:func:`._ntk.lambda_max`)
+        and the seconds it took beyond forming them."""
+        H = self.ntk()
+        # the fire sets, when read, are kept for the first iteration: not lr's cost
+        fire = (None, None) if formed_is_used(H) else self.initial_fire_sets()
+        t0 = time.perf_counter()
+        lam = lambda_max(*fire, G, self.a, X, H, self.width)
+        return lam, time.perf_counter() - t0
 
     @classmethod
     def prepare(

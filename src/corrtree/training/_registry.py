@@ -6,6 +6,7 @@ from ._base import Trainer
 from .dense import DenseTrainer
 from .device_band import DeviceLazyTrainer
 from .device_dense import DeviceDenseTrainer
+from .device_kernel import DeviceKernelTrainer
 from .dtree import DTreeTrainer
 from .kernel import KernelTrainer
 from .lazy import LazyTrainer
@@ -22,4 +23,8 @@ TRAINERS: dict[str, type[Trainer]] = {
 }
 METHODS = ("auto", *TRAINERS)
 #: The methods of the array path (``device=``): the same names, tensors on a torch device.
-DEVICE_TRAINERS: dict[str, type[Trainer]] = {"dense": DeviceDenseTrainer, "lazy": DeviceLazyTrainer}
+DEVICE_TRAINERS: dict[str, type[Trainer]] = {
+    "dense": DeviceDenseTrainer,
+    "lazy": DeviceLazyTrainer,
+    "kernel": DeviceKernelTrainer,
+}

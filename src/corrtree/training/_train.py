@@ -315,12 +315,10 @@ def _check_device(device: Any, method: str, model: TwoLayerReLU, client: Any, sh
             f"method={method!r} has no device path; on a device use method={on} "
             f"(or device=None for the CPU trainers)"
         )
-    if method == "auto":
-        method = "lazy" if model.implicit else "dense"
-    if model.implicit and not DEVICE_TRAINERS.get(method, Trainer).implicit_ok:
+    if method != "auto" and model.implicit and not DEVICE_TRAINERS[method].implicit_ok:
         raise ValueError(
             f"method={method!r} on a device needs the stored weight matrix; an implicit "
-            f"model trains there with method='lazy'"
+            f"model trains there with method='lazy' or 'kernel'"
         )
     return dev, method
 
@@ -401,9 +399,15 @@ def _make(
     t0 = time.perf_counter()
     info: dict[str, Any] = {}
     G = X @ X.T
-    if method == "auto":
+    calibration = 0.0
+    if method == "auto" and device is None:
         method, info["costs"] = choose_method(X, G, model, iters, sgd)
         info["auto"] = True
+    elif method == "auto":
+        from .device_costs import choose_device_method
+
+        method, info["costs"], calibration = choose_device_method(X, G, model, iters, sgd, device)
+        info["auto"], info["calibration_s"] = True, calibration
     _check_options(method, options, device)
     if device is None:
         _check_run_memory(method, X, model, sgd.linear, options)
@@ -413,7 +417,8 @@ def _make(
     else:
         took = Warmup(0.0, 0)  # torch: nothing to compile ahead
         trainer = DEVICE_TRAINERS[method](model, X, Y, G, lr, device=device, **options)
-    t0 += took.seconds
+    # the device's one-time calibration (auto) is reported apart, as compilation is
+    t0 += took.seconds + calibration
     info["compile_s"], info["compiled"] = took.seconds, took.compiled
     hist = History.of_run(
         method,

@@ -22,7 +22,7 @@ from scipy.special import ndtr
 
 from .. import _config
 
-__all__ = ["coherence", "estimate", "fire_share", "memory_need"]
+__all__ = ["coherence", "estimate", "expected_flips", "fire_share", "memory_need"]
 
 
 def fire_share(norms: np.ndarray, b: float) -> float:
@@ -47,6 +47,14 @@ def coherence(G: np.ndarray, sample: int = 256) -> float:
     C = np.abs(G[np.ix_(idx, idx)]) / diag[:, None] / diag[None, :]
     k = idx.shape[0]
     return float((C.sum() - np.trace(C)) / (k * (k - 1)))
+
+
+def expected_flips(pairs: float, coh: float, k: float) -> float:
+    """Flips per iteration of a run with ``pairs`` firing pairs, ``k`` a neuron, on data
+    of :func:`coherence` ``coh`` (fitted to the five workloads' kernel runs: few on
+    isotropic data, most where many neurons fire on points that look alike)."""
+    x = coh * k
+    return pairs * 0.002 * x / (1.0 + (x / _config.FLIP_SATURATION) ** 2)
 
 
 def estimate(
@@ -119,8 +127,7 @@ def estimate(
         # that grows with coherence (W1: 5%, W4: 1/2, image patches and digits: 0.6-0.9)
         wave = min(iters, 6.0 + 6.0 * coh * k)
         active = moved * (wave + (iters - wave) * min(0.95, 0.2 * coh * k))
-        x = coh * k
-        flips = pairs * 0.002 * x / (1.0 + (x / _config.FLIP_SATURATION) ** 2)
+        flips = expected_flips(pairs, coh, k)
         return (
             pre
             + iters

@@ -1,0 +1,351 @@
+"""Exact gradient descent on a torch device by the NTK recurrence (``device=``, ``"kernel"``).
+
+The CPU kernel trainer's idea (``docs/design.md``, "The kernel trainer"), shaped for a
+device.  While no pair crosses ``b`` the outputs obey exactly
+
+    u(t+1) = u(t) - η·H·err(t),    H = (1/m)·Σ_r (a_r a_rᵀ) ⊗ (f_r f_rᵀ ∘ G)
+
+(``f_r`` the fire set of neuron ``r`` as a 0/1 vector, ``H`` ``nK × nK`` and resident),
+so a step is one mat-vec, plus the work on the neurons whose pairs may cross:
+
+- **Coefficients without a pass over the pairs.**  ``E(t) = Σ_{τ<t} err(τ)``; a pair that
+  fires has ``C = κ + η/√m·<a_r, E_j>``, one that does not ``C = κ``; a flip rewrites
+  ``κ`` so that ``C`` is continuous.  A step adds ``err`` to ``E`` (O(nK)).
+- **A clock per neuron, a due mask.**  Each step adds to ``clock[r]`` a bound on
+  ``||w_r(t+1) - w_r(t)||``: ``η/√m·min(σ_r·||e||, Σ_l |e_l|·||x_l||)``, ``e_l =
+  <a_r, err_l>`` over its fire set and ``σ_r² >= λ_max(G[S, S])`` (Gershgorin, from its
+  last visit).  A neuron is due when its clock reaches its *limit*: the least
+  ``(|V - b| - rounding)/||x_j||`` over its tracked pairs (``V`` their values at its last
+  visit), and its band, ``β/R`` less its distance from its anchor.  Short of that no
+  tracked pair crossed and no untracked pair fires.  The mask is recomputed each step
+  (O(m·Q) for the clocks), no heap.
+- **A visit** (due neurons, batched): values by the Gram identity from the anchor
+  (:meth:`DeviceBand._gram`), re-anchoring by GEMM past the band, flips found by place,
+  ``u`` corrected by ``Σ (a_r/√m)(V - b)(F_new - F_old)`` (a stable sort by point, then
+  a segment reduction: no atomics), and the count matrix ``N = Σ_r (a_r a_rᵀ) ⊗ f_r f_rᵀ``
+  changed at the entries the flips touch, then ``H = N ∘ G / m`` recomputed there.
+
+``N`` holds integers (exact in float64 whatever the order of its additions), so ``H``
+does not drift from the fire sets and a checkpoint rebuilds it bit for bit.  Per step
+O((nK)² + m·Q + visits), no ``m·n·d``.  float64 throughout.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from .. import _config
+from ._state import Field, Scalar, Schema
+from .device_band import _EPS, DeviceBand, segment_sums
+from .optim import LinearStep
+
+__all__ = ["DeviceKernelTrainer"]
+
+#: float32 GEMM of 0/±1 matrices: every partial sum an integer below this, so exact
+_EXACT_F32 = 2**24
+
+
+class DeviceKernelTrainer(DeviceBand):
+    """Module docstring.  Options: ``band`` (default :data:`~corrtree._config.BAND`)."""
+
+    name = "kernel"
+    SCHEMA = Schema(
+        1,
+        (
+            Field("J", ("i8",), ("m", "Q"), index="n1"),
+            Field("uref", ("f8",), ("m", "Q")),
+            Field("cref", ("f8",), ("m", "Q")),
+            Field("kappa", ("f8",), ("m", "Q")),
+            Field("F", ("b1",), ("m", "Q")),
+            Field("beta", ("f8",), ("m",)),
+            Field("sigma", ("f8",), ("m",), finite=False),
+            Field("clock", ("f8",), ("m",)),
+            Field("limit", ("f8",), ("m",), finite=False),
+            Field("E", ("f8",), ("n", "K")),
+            Field("u", ("f8",), ("n", "K")),
+        ),
+        (Scalar("band", float, 0.0), Scalar("flips_next", int, 0)),
+    )
+    PADDED = ("uref", "cref", "kappa", "F")
+    # J, uref, cref, κ, F, and the clocks' (m, Q, K) gathers
+    PLACE_BYTES = 41.0 + 24.0
+
+    def _fixed_bytes(self, n: int, K: int) -> float:
+        return 32.0 * (n * K) ** 2  # N, H, and two temporaries of their size while H is built
+
+    def _prepare(self, W0: np.ndarray, device: Any = None, band: float | None = None) -> None:
+        import torch
+
+        self.device = device if device is not None else torch.device("cpu")
+        band = _config.BAND if band is None else float(band)
+        if not band > 0:
+            raise ValueError(f"band must be > 0, got {band}")
+        self._bind_device(W0, band)
+        m, n, K, f64 = self.m, self.n, self.At.shape[1], self._f64
+        self.beta = torch.full((m,), band, dtype=f64, device=self.device)
+        self.J = torch.full((m, 1), n, dtype=torch.int64, device=self.device)
+        zeros = torch.zeros((m, 1), dtype=f64, device=self.device)
+        self.uref, self.cref = zeros, zeros.clone()
+        self.kappa, self.F = (
+            zeros.clone(),
+            torch.zeros((m, 1), dtype=torch.bool, device=self.device),
+        )
+        rows = torch.arange(m, device=self.device)
+        self.kappa = self._anchor(rows, self.kappa)  # W(0): every coefficient is 0
+        self.V = self.uref
+        self.F = (self.V >= self.b) & (self.J < n)
+        self.u_dev = self._outputs()
+        self.V = None
+        self.Ep = torch.zeros((n + 1, K), dtype=f64, device=self.device)
+        self.sigma = torch.full((m,), np.inf, dtype=f64, device=self.device)
+        self.clock = torch.zeros(m, dtype=f64, device=self.device)
+        self.limit = self._limits(rows, self.uref, self.kappa, torch.zeros_like(self.clock))
+        self._counts()
+
+    # -- N and H -----------------------------------------------------------------------
+    def _counts(self) -> None:
+        """``N`` from the fire sets (float32 GEMMs of 0/±1 rows, exact), then ``H``."""
+        torch = self.torch
+        n, K = self.n, self.At.shape[1]
+        nK = n * K
+        self.N = torch.zeros((nK, nK), dtype=self._f64, device=self.device)
+        step = max(1, min(_EXACT_F32 - 1, self._chunk(self.J.shape[1], 8.0 * (n + 1) * (K + 1))))
+        for s in range(0, self.m, step):
+            part = torch.arange(s, min(s + step, self.m), device=self.device)
+            Fd = self._by_point(self.J[part], self.F[part].to(torch.float32))
+            M = (Fd[:, :n, None] * self.At[part, None, :].to(torch.float32)).reshape(-1, nK)
+            self.N += (M.T @ M).to(self._f64)
+        every = torch.arange(nK, device=self.device)
+        Ir, Jx = every[:, None], every[None, :]
+        self.H = self._ntk_at(Ir, Jx, self.Gp[Ir // K, Jx // K])
+        self.nfire = self.F.sum(dim=1)
+
+    def _ntk_at(self, Ir, Jx, g):
+        """``H`` at the flat indices ``(Ir, Jx)`` from ``N`` and ``g``, the entries of ``G``
+        there: ``N ∘ G / m``, one expression everywhere, so an entry recomputed equals the
+        matrix built anew."""
+        return self.N[Ir, Jx] * g / float(self.width)
+
+    def _change_counts(self, rows, J, fo, fn, changed):
+        """Add ``f_new f_newᵀ - f_old f_oldᵀ`` (times ``a_r a_rᵀ``) of ``rows`` to ``N``
+        at the entries that change; returns their flat indices and ``G`` there.  The entries are
+        integers, so the accumulation is exact in any order."""
+        torch = self.torch
+        K = self.At.shape[1]
+        rl, q = torch.nonzero(changed, as_tuple=True)
+        # (q, q') with q changed: f_new[q] f_new[q'] - f_old[q] f_old[q']
+        fnd, fod = fn.double(), fo.double()
+        val = fnd[rl, q, None] * fnd[rl] - fod[rl, q, None] * fod[rl]
+        e, q2 = torch.nonzero(val, as_tuple=True)
+        v, j1, j2 = val[e, q2], J[rl[e], q[e]], J[rl[e], q2]
+        r = rl[e]
+        # and (q', q) with q' unchanged (changed ones are in the list already)
+        back = ~changed[r, q2]
+        r = torch.cat((r, r[back]))
+        v = torch.cat((v, v[back]))
+        j1, j2 = torch.cat((j1, j2[back])), torch.cat((j2, j1[back]))
+        g = self.Gp[j1, j2]
+        if K == 1:
+            vals, Ir, Jx = v * self.At[rows[r], 0] ** 2, j1, j2
+        else:
+            a = self.At[rows[r]]
+            kk = torch.arange(K, device=self.device)
+            Ir = (j1[:, None, None] * K + kk[None, :, None]).expand(-1, K, K).reshape(-1)
+            Jx = (j2[:, None, None] * K + kk[None, None, :]).expand(-1, K, K).reshape(-1)
+            vals = (v[:, None, None] * a[:, :, None] * a[:, None, :]).reshape(-1)
+            g = g[:, None].expand(-1, K * K).reshape(-1)
+        self.N.index_put_((Ir, Jx), vals, accumulate=True)
+        return Ir, Jx, g
+
+    # -- coefficients, limits, clocks --------------------------------------------------
+    def _own(self, idx, Ep):
+        """``<a_r, E_j>`` at the tracked points of rows ``idx`` (``(k, Q)``)."""
+        return (Ep[self.J[idx]] * self.At[idx, None, :]).sum(dim=2)
+
+    def _coef(self, idx):
+        g = self._own(idx, self.Ep)
+        return self.kappa[idx] + self.torch.where(self.F[idx], self.eta_s * g, 0.0)
+
+    def _limits(self, idx, V, C, D):
+        """How far rows ``idx`` may move before a pair may cross: the least distance of a
+        tracked value ``V`` from ``b`` (less the rounding of two Gram sums) over its
+        ``||x_j||``, and the band less the distance ``D`` from the anchor."""
+        torch = self.torch
+        J = self.J[idx]
+        valid = J < self.n
+        Q = J.shape[1]
+        dC = (C - self.cref[idx]).abs().sum(dim=1)
+        allow = 8.0 * (Q + 2) * _EPS * (self.uref[idx].abs().amax(dim=1) + dC * self.R * self.R)
+        gap = ((V - self.b).abs() - allow[:, None]) / torch.where(valid, self.xnorm[J], 1.0)
+        pair = torch.where(valid, gap, np.inf).amin(dim=1)
+        band = (self.beta[idx] - allow) / (self.R * (1.0 + 1e-12)) - D
+        return torch.minimum(pair, band)
+
+    def _steps(self, E):
+        """A bound on each neuron's step for the error ``E`` (padded), float64 rounding
+        included: ``η/√m·min(σ_r·||e||, Σ |e_l|·||x_l||)``."""
+        torch = self.torch
+        e = torch.where(self.F, (E[self.J] * self.At[:, None, :]).sum(dim=2), 0.0)
+        tri = (e.abs() * self.xnorm[self.J]).sum(dim=1)
+        two = self.sigma * torch.sqrt((e * e).sum(dim=1))
+        bound = torch.where(torch.isinf(self.sigma), tri, torch.minimum(tri, two))
+        return self.eta_s * bound * (1.0 + 4.0 * (self.J.shape[1] + 4) * _EPS)
+
+    def _sigma(self, idx, F):
+        """Gershgorin: ``σ_r² = max_p Σ_q |G_pq|`` over the fire set, rounding included."""
+        torch = self.torch
+        Pf = int(F.sum(dim=1).max()) if idx.numel() else 0
+        if Pf == 0:
+            return torch.zeros(idx.numel(), dtype=self._f64, device=self.device)
+        first = torch.argsort((~F).to(torch.int8), dim=1, stable=True)[:, :Pf]
+        Jf = torch.where(torch.gather(F, 1, first), torch.gather(self.J[idx], 1, first), self.n)
+        rows = self.Gp[Jf[:, :, None], Jf[:, None, :]].abs().sum(dim=2).amax(dim=1)
+        return torch.sqrt(rows * (1.0 + 4.0 * (Pf + 2) * _EPS))
+
+    # -- a visit -------------------------------------------------------------------------
+    def _visit(self, idx, flips: list) -> int:
+        """Visit rows ``idx`` (increasing) at ``W(t+1)``: exact values, re-anchoring past
+        the band, flips (``κ``, ``N``, the outputs' corrections appended to ``flips``),
+        ``σ``, limits, clocks.  Returns how many were re-anchored."""
+        torch = self.torch
+        n = self.n
+        C = self._coef(idx)
+        V, D = self._gram(idx, C)
+        fo = self.F[idx]
+        kap = self.kappa[idx]
+        bad = self._expired(idx, D)
+        again = int(bad.sum())
+        if again:
+            ra = idx[bad]
+            oldJ, fo_ra, kap_ra = self.J[ra], fo[bad], kap[bad]
+            Cn = self._anchor(ra, C[bad], keep=fo_ra)
+            Q = self.J.shape[1]
+            V, C, fo, kap = (self._pad(x, Q) for x in (V, C, fo, kap))
+            # the old flags and κ move to the new places, by point
+            newJ = self.J[ra]
+            fo[bad] = torch.gather(self._by_point(oldJ, fo_ra), 1, newJ)
+            kap[bad] = torch.gather(self._by_point(oldJ, kap_ra), 1, newJ)
+            V[bad], C[bad] = self.uref[ra], Cn
+            D = torch.where(bad, 0.0, D)
+        J = self.J[idx]
+        fn = (V >= self.b) & (J < n)
+        changed = fn != fo
+        if bool(changed.any()):
+            g = self._own(idx, self.Ep)
+            kap = torch.where(changed, C - torch.where(fn, self.eta_s * g, 0.0), kap)
+            rl, q = torch.nonzero(changed, as_tuple=True)
+            delta = (V[rl, q] - self.b) * (fn[rl, q].double() - fo[rl, q].double())
+            flips.append((J[rl, q], idx[rl], delta, self._change_counts(idx, J, fo, fn, changed)))
+        self.kappa[idx], self.F[idx] = kap, fn
+        self.nfire[idx] = fn.sum(dim=1)
+        self.sigma[idx] = self._sigma(idx, fn)
+        self.limit[idx] = self._limits(idx, V, C, D)
+        self.clock[idx] = 0.0
+        return again
+
+    def _pad(self, x, Q):
+        if x.shape[1] == Q:
+            return x
+        fill = self.torch.zeros((x.shape[0], Q - x.shape[1]), dtype=x.dtype, device=x.device)
+        return self.torch.cat((x, fill), dim=1)
+
+    def _apply_flips(self, flips: list) -> None:
+        """The outputs' corrections summed point by point, in increasing neuron order
+        (a stable sort, a segment reduction), and ``H`` where ``N`` changed."""
+        torch = self.torch
+        points = torch.cat([f[0] for f in flips])
+        rows = torch.cat([f[1] for f in flips])
+        delta = torch.cat([f[2] for f in flips])
+        order = torch.argsort(points, stable=True)
+        vals = (delta[:, None] * self.At[rows])[order]
+        counts = torch.bincount(points, minlength=self.n + 1)
+        corr = segment_sums(torch, vals, counts)[: self.n]
+        self.u_dev += corr * self.scale * self.alpha
+        for _, _, _, (Ir, Jx, g) in flips:
+            self.H[Ir, Jx] = self._ntk_at(Ir, Jx, g)
+
+    # -- the trainer's interface ----------------------------------------------------------
+    def _top_eigenvalue(self, G: np.ndarray, X: np.ndarray) -> tuple[float, float]:
+        """Up to order :data:`~corrtree._config.NTK_DENSE_EIG_LIMIT`, ``λ_max`` of the
+        resident ``H`` by the device's symmetric eigensolver (LAPACK's result to
+        rounding, as the CPU methods' ``lr``); beyond, the host's way."""
+        if self.H.shape[0] > _config.NTK_DENSE_EIG_LIMIT:
+            return super()._top_eigenvalue(G, X)
+        t0 = time.perf_counter()
+        lam = float(self.torch.linalg.eigvalsh(self.H)[-1]) if bool(self.H.any()) else 0.0
+        return lam, time.perf_counter() - t0
+
+    def ntk(self) -> np.ndarray | None:
+        """``H`` on the host where ``lr="auto"`` reads the formed matrix
+        (:func:`~._ntk.formed_is_used`): the fire sets then need not cross."""
+        order = self.H.shape[0]
+        return self.H.cpu().numpy() if order <= _config.NTK_DENSE_MATVEC_LIMIT else None
+
+    def outputs(self) -> np.ndarray:
+        if self.u is None:
+            self.u = self.u_dev.cpu().numpy()
+        return self.u
+
+    def advance(self, err: np.ndarray, step: LinearStep | None = None) -> dict[str, Any]:
+        torch = self.torch
+        self._refuse_linear(step)
+        n, K = self.n, self.At.shape[1]
+        # the History row describes W(t), before the step
+        stats = torch.stack(((self.nfire > 0).sum(), self.nfire.sum(), (self.J < n).sum())).cpu()
+        with self.timer("backward"):
+            E = torch.zeros((n + 1, K), dtype=self._f64, device=self.device)
+            E[:n] = torch.from_numpy(np.ascontiguousarray(err, dtype=np.float64))
+            self.u_dev -= self.lr * (self.H @ E[:n].reshape(-1)).reshape(n, K)
+            moves = self._steps(E)
+            self.clock += moves
+            self.Ep += E
+        with self.timer("query"):
+            # a neuron that did not move keeps its pairs' sides
+            due = torch.nonzero((self.clock >= self.limit) & (moves > 0)).reshape(-1)
+            flips: list = []
+            evaluated = reanchored = 0
+            step = self._chunk(self.J.shape[1], 17.0 * (n + 1))
+            for s in range(0, due.numel(), step):
+                part = due[s : s + step]
+                evaluated += int((self.J[part] < n).sum())
+                reanchored += self._visit(part, flips)
+        with self.timer("forward"):
+            count = 0
+            if flips:
+                self._apply_flips(flips)
+                count = sum(int(f[0].numel()) for f in flips)
+            self.u = None
+            flips_row, self._flips_next = self._flips_next, count
+        return self._row(
+            int(stats[1]),
+            int(stats[0]),
+            flips_row,
+            band_pairs=int(stats[2]),
+            reanchored=reanchored,
+            evaluated_pairs=evaluated,
+        )
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        names = ("J", "uref", "cref", "kappa", "F", "beta", "sigma", "clock", "limit")
+        arrays = {k: getattr(self, k).cpu().numpy() for k in names}
+        arrays["E"] = self.Ep[: self.n].cpu().numpy()
+        arrays["u"] = self.u_dev.cpu().numpy()
+        return arrays, {"band": self.band, "flips_next": self._flips_next}
+
+    def _restore(self, W0, arrays, scalars, sizes) -> None:
+        import torch
+
+        if self.device is None:
+            self.device = torch.device("cpu")
+        self._bind_device(W0, scalars["band"])
+        for k in ("J", "uref", "cref", "kappa", "F", "beta", "sigma", "clock", "limit"):
+            setattr(self, k, self._tensor(arrays[k]))
+        E = np.zeros((self.n + 1, arrays["E"].shape[1]))
+        E[: self.n] = arrays["E"]
+        self.Ep, self.u_dev = self._tensor(E), self._tensor(arrays["u"])
+        self._flips_next = int(scalars["flips_next"])
+        self.V = None
+        self._counts()
