@@ -101,6 +101,8 @@ class DeviceKernelTrainer(DeviceBand):
         self.V = None
         self.Ep = torch.zeros((n + 1, K), dtype=f64, device=self.device)
         self.sigma = torch.full((m,), np.inf, dtype=f64, device=self.device)
+        self.Jf = None
+        self._fire_lists(rows, self.F)
         self.clock = torch.zeros(m, dtype=f64, device=self.device)
         self.limit = self._limits(rows, self.uref, self.kappa, torch.zeros_like(self.clock))
         self._counts()
@@ -186,13 +188,33 @@ class DeviceKernelTrainer(DeviceBand):
 
     def _steps(self, E):
         """A bound on each neuron's step for the error ``E`` (padded), float64 rounding
-        included: ``η/√m·min(σ_r·||e||, Σ |e_l|·||x_l||)``."""
+        included: ``η/√m·min(σ_r·||e||, Σ |e_l|·||x_l||)``, over the compact fire sets
+        (``m·Pf`` gathers, ``Pf`` the most firing points of a neuron)."""
         torch = self.torch
-        e = torch.where(self.F, (E[self.J] * self.At[:, None, :]).sum(dim=2), 0.0)
-        tri = (e.abs() * self.xnorm[self.J]).sum(dim=1)
+        if self.At.shape[1] == 1:
+            e = E[self.Jf, 0]  # |<a_r, err_l>| = |err_l|
+        else:
+            e = (E[self.Jf] * self.At[:, None, :]).sum(dim=2)
+        tri = (e.abs() * self.XNf).sum(dim=1)
         two = self.sigma * torch.sqrt((e * e).sum(dim=1))
         bound = torch.where(torch.isinf(self.sigma), tri, torch.minimum(tri, two))
-        return self.eta_s * bound * (1.0 + 4.0 * (self.J.shape[1] + 4) * _EPS)
+        return self.eta_s * bound * (1.0 + 4.0 * (self.Jf.shape[1] + 4) * _EPS)
+
+    def _fire_lists(self, idx, F) -> None:
+        """The compact fire sets of rows ``idx`` (flags ``F`` at their places): their
+        points first (the pad ``n`` after) and their norms, widened for all rows when a
+        row fires on more points than the lists hold."""
+        torch = self.torch
+        Pf = max(1, int(F.sum(dim=1).max()) if idx.numel() else 1)  # <= Q: F has Q places
+        if self.Jf is None or Pf > self.Jf.shape[1]:
+            Jf = torch.full((self.m, Pf), self.n, dtype=torch.int64, device=self.device)
+            if self.Jf is not None:
+                Jf[:, : self.Jf.shape[1]] = self.Jf
+            self.Jf, self.XNf = Jf, self.xnorm[Jf]
+        first = torch.argsort((~F).to(torch.int8), dim=1, stable=True)[:, : self.Jf.shape[1]]
+        fired = torch.gather(F, 1, first)
+        self.Jf[idx] = torch.where(fired, torch.gather(self.J[idx], 1, first), self.n)
+        self.XNf[idx] = self.xnorm[self.Jf[idx]]
 
     def _sigma(self, idx, F):
         """Gershgorin: ``σ_r² = max_p Σ_q |G_pq|`` over the fire set, rounding included."""
@@ -241,6 +263,7 @@ class DeviceKernelTrainer(DeviceBand):
             flips.append((J[rl, q], idx[rl], delta, self._change_counts(idx, J, fo, fn, changed)))
         self.kappa[idx], self.F[idx] = kap, fn
         self.nfire[idx] = fn.sum(dim=1)
+        self._fire_lists(idx, fn)
         self.sigma[idx] = self._sigma(idx, fn)
         self.limit[idx] = self._limits(idx, V, C, D)
         self.clock[idx] = 0.0
@@ -349,3 +372,5 @@ class DeviceKernelTrainer(DeviceBand):
         self._flips_next = int(scalars["flips_next"])
         self.V = None
         self._counts()
+        self.Jf = None
+        self._fire_lists(self.torch.arange(self.m, device=self.device), self.F)
