@@ -559,16 +559,21 @@ def gpu_runs(res: dict) -> str:
     with the machine's cores."""
 
     def cell(v: dict) -> str:
+        if "total_s" not in v:
+            return "does not fit" if "memory" in v.get("error", "").lower() else "failed"
         return f"{v['total_s']:.3g} s" + ("*" if v.get("extrapolated") else "")
+
+    def total(v: dict) -> float:
+        return v.get("total_s", np.inf)
 
     rows, cpu_rows = [], []
     for name, r in res["results"].items():
         runs = r["runs"]
-        best = min(runs[k]["total_s"] for k in (*GPU_METHODS, "auto") if k in runs)
-        f64, f32 = runs["torch float64"]["total_s"], runs["torch float32"]["total_s"]
+        best = min(total(runs[k]) for k in (*GPU_METHODS, "auto") if k in runs)
+        f64, f32 = total(runs["torch float64"]), total(runs["torch float32"])
         target = GPU_TARGETS.get(name)
         verdict = "–"
-        if target is not None:
+        if target is not None and np.isfinite(best):
             met = f64 / best >= target and f32 / best >= 1.0
             verdict = f"≥ {target:.0f}× and ≥ 1× {'met' if met else '**missed**'}"
         rows.append(
@@ -577,7 +582,7 @@ def gpu_runs(res: dict) -> str:
                 f"{_pow2(r['m'])}, {r['iters']}",
                 *(cell(runs[f"torch {p}"]) for p in ("float64", "float32", "tf32")),
                 *(cell(runs[k]) if k in runs else "–" for k in GPU_METHODS),
-                f"{cell(runs['auto'])} ({runs['auto']['method']})",
+                f"{cell(runs['auto'])} ({runs['auto'].get('method', '–')})",
                 _x(f64 / best),
                 _x(f32 / best),
                 verdict,

@@ -113,7 +113,7 @@ def estimate_device(
         )
     if method == "kernel":
         nK = n * K
-        if 32.0 * nK * nK > free:
+        if 20.0 * nK * nK > free:
             return float("inf")
         pre += 2.0 * m * nK * nK / rates["gemm"]
         wave = min(iters, _config.DEVICE_VISIT_WAVE)

@@ -38,8 +38,9 @@ from typing import Any
 import numpy as np
 
 from .. import _config
+from .._device import free_bytes
 from ._state import Field, Scalar, Schema
-from .device_band import _EPS, DeviceBand, segment_sums
+from .device_band import _CHUNK_SHARE, _EPS, DeviceBand, segment_sums
 from .optim import LinearStep
 
 __all__ = ["DeviceKernelTrainer"]
@@ -74,7 +75,7 @@ class DeviceKernelTrainer(DeviceBand):
     PLACE_BYTES = 41.0 + 24.0
 
     def _fixed_bytes(self, n: int, K: int) -> float:
-        return 32.0 * (n * K) ** 2  # N, H, and two temporaries of their size while H is built
+        return 20.0 * (n * K) ** 2  # N, H, and a float32 count matrix while N is built
 
     def _prepare(self, W0: np.ndarray, device: Any = None, band: float | None = None) -> None:
         import torch
@@ -119,10 +120,14 @@ class DeviceKernelTrainer(DeviceBand):
             part = torch.arange(s, min(s + step, self.m), device=self.device)
             Fd = self._by_point(self.J[part], self.F[part].to(torch.float32))
             M = (Fd[:, :n, None] * self.At[part, None, :].to(torch.float32)).reshape(-1, nK)
-            self.N += (M.T @ M).to(self._f64)
+            self.N.add_(M.T @ M)
+        # H by blocks of rows: the temporaries stay a share of the device's memory
         every = torch.arange(nK, device=self.device)
-        Ir, Jx = every[:, None], every[None, :]
-        self.H = self._ntk_at(Ir, Jx, self.Gp[Ir // K, Jx // K])
+        self.H = torch.empty_like(self.N)
+        block = max(1, int(_CHUNK_SHARE * free_bytes(self.device) // (24.0 * nK)))
+        for s in range(0, nK, block):
+            Ir, Jx = every[s : s + block, None], every[None, :]
+            self.H[s : s + block] = self._ntk_at(Ir, Jx, self.Gp[Ir // K, Jx // K])
         self.nfire = self.F.sum(dim=1)
 
     def _ntk_at(self, Ir, Jx, g):
@@ -131,36 +136,39 @@ class DeviceKernelTrainer(DeviceBand):
         matrix built anew."""
         return self.N[Ir, Jx] * g / float(self.width)
 
-    def _change_counts(self, rows, J, fo, fn, changed):
+    def _change_counts(self, rows, J, fo, fn, changed) -> None:
         """Add ``f_new f_newᵀ - f_old f_oldᵀ`` (times ``a_r a_rᵀ``) of ``rows`` to ``N``
-        at the entries that change; returns their flat indices and ``G`` there.  The entries are
-        integers, so the accumulation is exact in any order."""
+        at the entries that change, and recompute ``H`` there; by groups of flips, each
+        flip ``2·Q·K²`` entries at most.  The additions are integers, so ``N`` is exact
+        whatever their order and grouping."""
         torch = self.torch
         K = self.At.shape[1]
         rl, q = torch.nonzero(changed, as_tuple=True)
-        # (q, q') with q changed: f_new[q] f_new[q'] - f_old[q] f_old[q']
+        per = 2.0 * J.shape[1] * K * K * 64.0  # indices, values, G and H for each entry
+        group = max(1, int(_CHUNK_SHARE * free_bytes(self.device) // per))
         fnd, fod = fn.double(), fo.double()
-        val = fnd[rl, q, None] * fnd[rl] - fod[rl, q, None] * fod[rl]
-        e, q2 = torch.nonzero(val, as_tuple=True)
-        v, j1, j2 = val[e, q2], J[rl[e], q[e]], J[rl[e], q2]
-        r = rl[e]
-        # and (q', q) with q' unchanged (changed ones are in the list already)
-        back = ~changed[r, q2]
-        r = torch.cat((r, r[back]))
-        v = torch.cat((v, v[back]))
-        j1, j2 = torch.cat((j1, j2[back])), torch.cat((j2, j1[back]))
-        g = self.Gp[j1, j2]
-        if K == 1:
-            vals, Ir, Jx = v * self.At[rows[r], 0] ** 2, j1, j2
-        else:
-            a = self.At[rows[r]]
-            kk = torch.arange(K, device=self.device)
-            Ir = (j1[:, None, None] * K + kk[None, :, None]).expand(-1, K, K).reshape(-1)
-            Jx = (j2[:, None, None] * K + kk[None, None, :]).expand(-1, K, K).reshape(-1)
-            vals = (v[:, None, None] * a[:, :, None] * a[:, None, :]).reshape(-1)
-            g = g[:, None].expand(-1, K * K).reshape(-1)
-        self.N.index_put_((Ir, Jx), vals, accumulate=True)
-        return Ir, Jx, g
+        for s in range(0, rl.numel(), group):
+            rg, qg = rl[s : s + group], q[s : s + group]
+            # (q, q') with q changed: f_new[q] f_new[q'] - f_old[q] f_old[q']
+            val = fnd[rg, qg, None] * fnd[rg] - fod[rg, qg, None] * fod[rg]
+            e, q2 = torch.nonzero(val, as_tuple=True)
+            v, j1, j2, r = val[e, q2], J[rg[e], qg[e]], J[rg[e], q2], rg[e]
+            # and (q', q) with q' unchanged (a changed q' has its own entries)
+            back = ~changed[r, q2]
+            r, v = torch.cat((r, r[back])), torch.cat((v, v[back]))
+            j1, j2 = torch.cat((j1, j2[back])), torch.cat((j2, j1[back]))
+            g = self.Gp[j1, j2]
+            if K == 1:
+                vals, Ir, Jx = v * self.At[rows[r], 0] ** 2, j1, j2
+            else:
+                a = self.At[rows[r]]
+                kk = torch.arange(K, device=self.device)
+                Ir = (j1[:, None, None] * K + kk[None, :, None]).expand(-1, K, K).reshape(-1)
+                Jx = (j2[:, None, None] * K + kk[None, None, :]).expand(-1, K, K).reshape(-1)
+                vals = (v[:, None, None] * a[:, :, None] * a[:, None, :]).reshape(-1)
+                g = g[:, None].expand(-1, K * K).reshape(-1)
+            self.N.index_put_((Ir, Jx), vals, accumulate=True)
+            self.H[Ir, Jx] = self._ntk_at(Ir, Jx, g)
 
     # -- coefficients, limits, clocks --------------------------------------------------
     def _own(self, idx, Ep):
@@ -260,7 +268,8 @@ class DeviceKernelTrainer(DeviceBand):
             kap = torch.where(changed, C - torch.where(fn, self.eta_s * g, 0.0), kap)
             rl, q = torch.nonzero(changed, as_tuple=True)
             delta = (V[rl, q] - self.b) * (fn[rl, q].double() - fo[rl, q].double())
-            flips.append((J[rl, q], idx[rl], delta, self._change_counts(idx, J, fo, fn, changed)))
+            flips.append((J[rl, q], idx[rl], delta))
+            self._change_counts(idx, J, fo, fn, changed)
         self.kappa[idx], self.F[idx] = kap, fn
         self.nfire[idx] = fn.sum(dim=1)
         self._fire_lists(idx, fn)
@@ -277,7 +286,7 @@ class DeviceKernelTrainer(DeviceBand):
 
     def _apply_flips(self, flips: list) -> None:
         """The outputs' corrections summed point by point, in increasing neuron order
-        (a stable sort, a segment reduction), and ``H`` where ``N`` changed."""
+        (a stable sort, a segment reduction)."""
         torch = self.torch
         points = torch.cat([f[0] for f in flips])
         rows = torch.cat([f[1] for f in flips])
@@ -287,8 +296,6 @@ class DeviceKernelTrainer(DeviceBand):
         counts = torch.bincount(points, minlength=self.n + 1)
         corr = segment_sums(torch, vals, counts)[: self.n]
         self.u_dev += corr * self.scale * self.alpha
-        for _, _, _, (Ir, Jx, g) in flips:
-            self.H[Ir, Jx] = self._ntk_at(Ir, Jx, g)
 
     # -- the trainer's interface ----------------------------------------------------------
     def _top_eigenvalue(self, G: np.ndarray, X: np.ndarray) -> tuple[float, float]:
