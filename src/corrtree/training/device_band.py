@@ -146,11 +146,12 @@ class DeviceBand(Trainer):
         picked = []
         for s in range(0, rows.numel(), step):
             part, C = rows[s : s + step], coef[s : s + step]
-            Cd = self._by_point(self.J[part], C)
+            Jold = self.J[part, : C.shape[1]]  # beyond: pads
+            Cd = self._by_point(Jold, C)
             U = self._current_rows(part, Cd) @ self.Xp[:n].T
             kept = (U >= self.b - self.beta[part][:, None]) | (Cd[:, :n] != 0)
             if keep is not None:
-                kept |= self._by_point(self.J[part], keep[s : s + step])[:, :n]
+                kept |= self._by_point(Jold, keep[s : s + step])[:, :n]
             picked.append((part, U, Cd, kept))
         width = max(int(k.sum(dim=1).max()) for _, _, _, k in picked)
         if width > self.J.shape[1]:
@@ -213,21 +214,22 @@ class DeviceBand(Trainer):
         ``D >= ||w_r(t) - w_r(t_a)||``.  O(k·P·Q) gathers, ``P`` the most moved
         coefficients in a row."""
         torch = self.torch
-        J = self.J[idx]
-        dC = C - self.cref[idx]
+        width = C.shape[1]  # the rows' places beyond it are pads
+        J = self.J[idx, :width]
+        dC = C - self.cref[idx, :width]
         # only the pairs whose coefficient moved since the anchor (those that fired)
         # enter the sums: gather G at those P columns only, P = their most in a row
         moving = dC != 0
         P = int(moving.sum(dim=1).max()) if idx.numel() else 0
         if P == 0:
-            return self.uref[idx].clone(), torch.zeros(
+            return self.uref[idx, :width].clone(), torch.zeros(
                 idx.numel(), dtype=self._f64, device=self.device
             )
         first = torch.argsort((~moving).to(torch.int8), dim=1, stable=True)[:, :P]
         Jp, dCp = torch.gather(J, 1, first), torch.gather(dC, 1, first)
         Gs = self.Gp[Jp[:, :, None], J[:, None, :]]  # (rows, P, Q)
         GdC = torch.bmm(dCp[:, None, :], Gs)[:, 0, :]
-        V = self.uref[idx] - GdC
+        V = self.uref[idx, :width] - GdC
         D2 = (dC * GdC).sum(dim=1)
         # rounding of the quadratic form: at most (P+2)·ε of its absolute terms,
         # Σ_pq |ΔC_p||G_pq||ΔC_q| <= (Σ_p |ΔC_p|)²·R² (|G_pq| <= R²)

@@ -171,24 +171,26 @@ class DeviceKernelTrainer(DeviceBand):
             self.H[Ir, Jx] = self._ntk_at(Ir, Jx, g)
 
     # -- coefficients, limits, clocks --------------------------------------------------
-    def _own(self, idx, Ep):
-        """``<a_r, E_j>`` at the tracked points of rows ``idx`` (``(k, Q)``)."""
-        return (Ep[self.J[idx]] * self.At[idx, None, :]).sum(dim=2)
+    def _own(self, idx, Ep, width: int | None = None):
+        """``<a_r, E_j>`` at the first ``width`` places (all: ``None``) of rows ``idx``."""
+        return (Ep[self.J[idx, :width]] * self.At[idx, None, :]).sum(dim=2)
 
-    def _coef(self, idx):
-        g = self._own(idx, self.Ep)
-        return self.kappa[idx] + self.torch.where(self.F[idx], self.eta_s * g, 0.0)
+    def _coef(self, idx, width: int | None = None):
+        g = self._own(idx, self.Ep, width)
+        F = self.F[idx, :width]
+        return self.kappa[idx, :width] + self.torch.where(F, self.eta_s * g, 0.0)
 
     def _limits(self, idx, V, C, D):
         """How far rows ``idx`` may move before a pair may cross: the least distance of a
         tracked value ``V`` from ``b`` (less the rounding of two Gram sums) over its
         ``||x_j||``, and the band less the distance ``D`` from the anchor."""
         torch = self.torch
-        J = self.J[idx]
+        Q = V.shape[1]
+        J = self.J[idx, :Q]
         valid = J < self.n
-        Q = J.shape[1]
-        dC = (C - self.cref[idx]).abs().sum(dim=1)
-        allow = 8.0 * (Q + 2) * _EPS * (self.uref[idx].abs().amax(dim=1) + dC * self.R * self.R)
+        dC = (C - self.cref[idx, :Q]).abs().sum(dim=1)
+        uref = self.uref[idx, :Q].abs().amax(dim=1)
+        allow = 8.0 * (self.J.shape[1] + 2) * _EPS * (uref + dC * self.R * self.R)
         gap = ((V - self.b).abs() - allow[:, None]) / torch.where(valid, self.xnorm[J], 1.0)
         pair = torch.where(valid, gap, np.inf).amin(dim=1)
         band = (self.beta[idx] - allow) / (self.R * (1.0 + 1e-12)) - D
@@ -213,16 +215,19 @@ class DeviceKernelTrainer(DeviceBand):
         points first (the pad ``n`` after) and their norms, widened for all rows when a
         row fires on more points than the lists hold."""
         torch = self.torch
-        Pf = max(1, int(F.sum(dim=1).max()) if idx.numel() else 1)  # <= Q: F has Q places
+        Pf = max(1, int(F.sum(dim=1).max()) if idx.numel() else 1)
         if self.Jf is None or Pf > self.Jf.shape[1]:
             Jf = torch.full((self.m, Pf), self.n, dtype=torch.int64, device=self.device)
             if self.Jf is not None:
                 Jf[:, : self.Jf.shape[1]] = self.Jf
             self.Jf, self.XNf = Jf, self.xnorm[Jf]
-        first = torch.argsort((~F).to(torch.int8), dim=1, stable=True)[:, : self.Jf.shape[1]]
+        k = min(F.shape[1], self.Jf.shape[1])  # the rows' places may be fewer than the lists'
+        first = torch.argsort((~F).to(torch.int8), dim=1, stable=True)[:, :k]
         fired = torch.gather(F, 1, first)
-        self.Jf[idx] = torch.where(fired, torch.gather(self.J[idx], 1, first), self.n)
-        self.XNf[idx] = self.xnorm[self.Jf[idx]]
+        J = self.J[idx, : F.shape[1]]
+        lists = torch.full((idx.numel(), self.Jf.shape[1]), self.n, dtype=J.dtype, device=J.device)
+        lists[:, :k] = torch.where(fired, torch.gather(J, 1, first), self.n)
+        self.Jf[idx], self.XNf[idx] = lists, self.xnorm[lists]
 
     def _sigma(self, idx, F):
         """Gershgorin: ``σ_r² = max_p Σ_q |G_pq|`` over the fire set, rounding included."""
@@ -231,52 +236,79 @@ class DeviceKernelTrainer(DeviceBand):
         if Pf == 0:
             return torch.zeros(idx.numel(), dtype=self._f64, device=self.device)
         first = torch.argsort((~F).to(torch.int8), dim=1, stable=True)[:, :Pf]
-        Jf = torch.where(torch.gather(F, 1, first), torch.gather(self.J[idx], 1, first), self.n)
+        J = self.J[idx, : F.shape[1]]
+        Jf = torch.where(torch.gather(F, 1, first), torch.gather(J, 1, first), self.n)
         rows = self.Gp[Jf[:, :, None], Jf[:, None, :]].abs().sum(dim=2).amax(dim=1)
         return torch.sqrt(rows * (1.0 + 4.0 * (Pf + 2) * _EPS))
 
     # -- a visit -------------------------------------------------------------------------
-    def _visit(self, idx, flips: list) -> int:
-        """Visit rows ``idx`` (increasing) at ``W(t+1)``: exact values, re-anchoring past
-        the band, flips (``κ``, ``N``, the outputs' corrections appended to ``flips``),
-        ``σ``, limits, clocks.  Returns how many were re-anchored."""
+    def _visit(self, idx, width: int, flips: list) -> int:
+        """Visit rows ``idx`` at ``W(t+1)``, their tracked places within the first
+        ``width``: exact values, re-anchoring past the band, flips (``κ``, ``N`` and ``H``,
+        the outputs' corrections appended to ``flips``), ``σ``, limits, clocks.  Returns
+        how many were re-anchored."""
         torch = self.torch
         n = self.n
-        C = self._coef(idx)
+        C = self._coef(idx, width)
         V, D = self._gram(idx, C)
-        fo = self.F[idx]
-        kap = self.kappa[idx]
+        fo = self.F[idx, :width]
+        kap = self.kappa[idx, :width]
         bad = self._expired(idx, D)
         again = int(bad.sum())
         if again:
             ra = idx[bad]
-            oldJ, fo_ra, kap_ra = self.J[ra], fo[bad], kap[bad]
+            oldJ, fo_ra, kap_ra = self.J[ra, :width], fo[bad], kap[bad]
             Cn = self._anchor(ra, C[bad], keep=fo_ra)
-            Q = self.J.shape[1]
-            V, C, fo, kap = (self._pad(x, Q) for x in (V, C, fo, kap))
+            width = max(width, int((self.J[ra] < n).sum(dim=1).max()))
+            Cn = Cn[:, :width]
+            V, C, fo, kap = (self._pad(x, width) for x in (V, C, fo, kap))
             # the old flags and κ move to the new places, by point
-            newJ = self.J[ra]
+            newJ = self.J[ra, :width]
             fo[bad] = torch.gather(self._by_point(oldJ, fo_ra), 1, newJ)
             kap[bad] = torch.gather(self._by_point(oldJ, kap_ra), 1, newJ)
-            V[bad], C[bad] = self.uref[ra], Cn
+            V[bad], C[bad] = self.uref[ra, :width], Cn
             D = torch.where(bad, 0.0, D)
-        J = self.J[idx]
+        J = self.J[idx, :width]
         fn = (V >= self.b) & (J < n)
         changed = fn != fo
         if bool(changed.any()):
-            g = self._own(idx, self.Ep)
+            g = self._own(idx, self.Ep, width)
             kap = torch.where(changed, C - torch.where(fn, self.eta_s * g, 0.0), kap)
             rl, q = torch.nonzero(changed, as_tuple=True)
             delta = (V[rl, q] - self.b) * (fn[rl, q].double() - fo[rl, q].double())
             flips.append((J[rl, q], idx[rl], delta))
             self._change_counts(idx, J, fo, fn, changed)
-        self.kappa[idx], self.F[idx] = kap, fn
+        self.kappa[idx, :width], self.F[idx, :width] = kap, fn
         self.nfire[idx] = fn.sum(dim=1)
         self._fire_lists(idx, fn)
         self.sigma[idx] = self._sigma(idx, fn)
         self.limit[idx] = self._limits(idx, V, C, D)
         self.clock[idx] = 0.0
         return again
+
+    def _buckets(self, due) -> list[tuple[Any, int]]:
+        """The due rows in chunks of about equal tracked counts (sorted by it), each with
+        its width and within a share of the device's memory: a chunk pads its rows to its
+        widest, not to the widest of all."""
+        torch = self.torch
+        n, d = self.n, self.X.shape[1]
+        tracked = (self.J[due] < n).sum(dim=1)
+        order = torch.argsort(tracked, stable=True)
+        due, tracked = due[order], tracked[order].cpu().numpy()
+        width = np.maximum(tracked, 1).astype(np.float64)
+        # a row's bytes at its width: the P×Q gathers (P <= Q), the GEMM and by-point rows
+        per = 8.0 * (3.0 * width * width + n + d * width) + 17.0 * (n + 1)
+        budget = _CHUNK_SHARE * free_bytes(self.device)
+        out, s = [], 0
+        while s < len(per):
+            # rows are sorted by width: a chunk [s, e) costs (e - s)·per[e - 1]
+            e = s + 1
+            grow = np.flatnonzero((np.arange(s + 1, len(per) + 1) - s) * per[s:] <= budget)
+            if grow.size:
+                e = s + 1 + int(grow[-1])
+            out.append((due[s:e], int(width[e - 1])))
+            s = e
+        return out
 
     def _pad(self, x, Q):
         if x.shape[1] == Q:
@@ -291,7 +323,7 @@ class DeviceKernelTrainer(DeviceBand):
         points = torch.cat([f[0] for f in flips])
         rows = torch.cat([f[1] for f in flips])
         delta = torch.cat([f[2] for f in flips])
-        order = torch.argsort(points, stable=True)
+        order = torch.argsort(points * self.m + rows)  # by point, then by neuron
         vals = (delta[:, None] * self.At[rows])[order]
         counts = torch.bincount(points, minlength=self.n + 1)
         corr = segment_sums(torch, vals, counts)[: self.n]
@@ -337,11 +369,9 @@ class DeviceKernelTrainer(DeviceBand):
             due = torch.nonzero((self.clock >= self.limit) & (moves > 0)).reshape(-1)
             flips: list = []
             evaluated = reanchored = 0
-            step = self._chunk(self.J.shape[1], 17.0 * (n + 1))
-            for s in range(0, due.numel(), step):
-                part = due[s : s + step]
-                evaluated += int((self.J[part] < n).sum())
-                reanchored += self._visit(part, flips)
+            for part, width in self._buckets(due) if due.numel() else ():
+                evaluated += int((self.J[part, :width] < n).sum())
+                reanchored += self._visit(part, width, flips)
         with self.timer("forward"):
             count = 0
             if flips:
