@@ -26,7 +26,7 @@ between any two exact methods).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -193,8 +193,10 @@ class DeviceBand(Trainer):
         w -= Cd @ self.Xp
         return w
 
-    #: the ``(m, Q)`` arrays a wider ``Q`` pads (the pad: the point ``n``, zeros)
+    #: the ``(m, Q)`` arrays a wider ``Q`` pads (the pad: the point ``n``, and zeros
+    #: unless :attr:`PAD_FILL` says otherwise)
     PADDED = ("uref", "cref")
+    PAD_FILL: ClassVar[dict[str, float]] = {}
 
     def _widen(self, width: int) -> None:
         torch = self.torch
@@ -202,9 +204,10 @@ class DeviceBand(Trainer):
         pad = torch.full((self.m, extra), self.n, dtype=torch.int64, device=self.device)
         self.J = torch.cat((self.J, pad), dim=1)
         for name in self.PADDED:
-            a = getattr(self, name)
+            a = getattr(self, name, None)
             if a is not None:
-                z = torch.zeros((self.m, extra), dtype=a.dtype, device=self.device)
+                fill = self.PAD_FILL.get(name, 0)
+                z = torch.full((self.m, extra), fill, dtype=a.dtype, device=self.device)
                 setattr(self, name, torch.cat((a, z), dim=1))
 
     # -- values, outputs ---------------------------------------------------------------

@@ -33,7 +33,7 @@ O((nK)² + m·Q + visits), no ``m·n·d``.  float64 throughout.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -63,16 +63,18 @@ class DeviceKernelTrainer(DeviceBand):
             Field("F", ("b1",), ("m", "Q")),
             Field("beta", ("f8",), ("m",)),
             Field("sigma", ("f8",), ("m",), finite=False),
+            Field("key", ("f8",), ("m", "Q"), finite=False),
+            Field("bandkey", ("f8",), ("m",)),
             Field("clock", ("f8",), ("m",)),
-            Field("limit", ("f8",), ("m",), finite=False),
             Field("E", ("f8",), ("n", "K")),
             Field("u", ("f8",), ("n", "K")),
         ),
         (Scalar("band", float, 0.0), Scalar("flips_next", int, 0)),
     )
-    PADDED = ("uref", "cref", "kappa", "F")
-    # J, uref, cref, κ, F, and the clocks' (m, Q, K) gathers
-    PLACE_BYTES = 41.0 + 24.0
+    PADDED = ("uref", "cref", "kappa", "F", "key")
+    PAD_FILL: ClassVar[dict[str, float]] = {"key": np.inf}  # a pad is never due
+    # J, uref, cref, κ, F, key, and the visits' gathers
+    PLACE_BYTES = 49.0 + 24.0
 
     def _fixed_bytes(self, n: int, K: int) -> float:
         return 20.0 * (n * K) ** 2  # N, H, and a float32 count matrix while N is built
@@ -105,7 +107,11 @@ class DeviceKernelTrainer(DeviceBand):
         self.Jf = None
         self._fire_lists(rows, self.F)
         self.clock = torch.zeros(m, dtype=f64, device=self.device)
-        self.limit = self._limits(rows, self.uref, self.kappa, torch.zeros_like(self.clock))
+        self.limit = torch.zeros(m, dtype=f64, device=self.device)
+        allow = self._allow(rows, self.kappa)
+        self.key = self._keys(rows, self.uref, allow, self.clock)
+        self.bandkey = self._band_keys(rows, allow, self.clock)
+        self._set_limits(rows)
         self._counts()
 
     # -- N and H -----------------------------------------------------------------------
@@ -180,21 +186,31 @@ class DeviceKernelTrainer(DeviceBand):
         F = self.F[idx, :width]
         return self.kappa[idx, :width] + self.torch.where(F, self.eta_s * g, 0.0)
 
-    def _limits(self, idx, V, C, D):
-        """How far rows ``idx`` may move before a pair may cross: the least distance of a
-        tracked value ``V`` from ``b`` (less the rounding of two Gram sums) over its
-        ``||x_j||``, and the band less the distance ``D`` from the anchor."""
-        torch = self.torch
-        Q = V.shape[1]
-        J = self.J[idx, :Q]
-        valid = J < self.n
+    def _allow(self, idx, C):
+        """The rounding of two Gram sums of rows ``idx`` (coefficients ``C``): a value
+        within it of ``b`` may be on either side."""
+        Q = C.shape[1]
         dC = (C - self.cref[idx, :Q]).abs().sum(dim=1)
         uref = self.uref[idx, :Q].abs().amax(dim=1)
-        allow = 8.0 * (self.J.shape[1] + 2) * _EPS * (uref + dC * self.R * self.R)
-        gap = ((V - self.b).abs() - allow[:, None]) / torch.where(valid, self.xnorm[J], 1.0)
-        pair = torch.where(valid, gap, np.inf).amin(dim=1)
-        band = (self.beta[idx] - allow) / (self.R * (1.0 + 1e-12)) - D
-        return torch.minimum(pair, band)
+        return 8.0 * (self.J.shape[1] + 2) * _EPS * (uref + dC * self.R * self.R)
+
+    def _keys(self, idx, V, allow, clock):
+        """Each tracked pair's key: the clock at which it may cross ``b``, its value ``V``
+        at clock ``clock``: ``clock + (|V - b| - allow)/||x_j||`` (pads: inf)."""
+        J = self.J[idx, : V.shape[1]]
+        valid = J < self.n
+        gap = ((V - self.b).abs() - allow[:, None]) / self.torch.where(valid, self.xnorm[J], 1.0)
+        return self.torch.where(valid, clock[:, None] + gap, np.inf)
+
+    def _band_keys(self, idx, allow, clock, D=None):
+        """The clock at which rows ``idx`` may leave their band, from their distance ``D``
+        from the anchor at clock ``clock`` (0 when ``None``)."""
+        key = clock + (self.beta[idx] - allow) / (self.R * (1.0 + 1e-12))
+        return key if D is None else key - D
+
+    def _set_limits(self, idx) -> None:
+        """A row is due when its clock reaches the least of its keys."""
+        self.limit[idx] = self.torch.minimum(self.key[idx].amin(dim=1), self.bandkey[idx])
 
     def _steps(self, E):
         """A bound on each neuron's step for the error ``E`` (padded), float64 rounding
@@ -242,34 +258,84 @@ class DeviceKernelTrainer(DeviceBand):
         return torch.sqrt(rows * (1.0 + 4.0 * (Pf + 2) * _EPS))
 
     # -- a visit -------------------------------------------------------------------------
-    def _visit(self, idx, width: int, flips: list) -> int:
+    def _moved(self, idx, C):
+        """The coefficient changes since the anchor of rows ``idx`` at the columns that
+        moved: their points ``Jp`` and changes ``dCp`` (``(k, P)``, P the most in a row)."""
+        torch = self.torch
+        J = self.J[idx, : C.shape[1]]
+        dC = C - self.cref[idx, : C.shape[1]]
+        moving = dC != 0
+        P = int(moving.sum(dim=1).max()) if idx.numel() else 0
+        first = torch.argsort((~moving).to(torch.int8), dim=1, stable=True)[:, :P]
+        return torch.gather(J, 1, first), torch.gather(dC, 1, first)
+
+    def _distance(self, idx, C):
+        """``D >= ||w_r(t) - w_r(t_a)||`` of rows ``idx``: ``sqrt(ΔCᵀ G ΔC)`` over the
+        moved columns, with the margin of its rounding (as :meth:`DeviceBand._gram`)."""
+        torch = self.torch
+        Jp, dCp = self._moved(idx, C)
+        P = Jp.shape[1]
+        if P == 0:
+            return torch.zeros(idx.numel(), dtype=self._f64, device=self.device)
+        G = self.Gp[Jp[:, :, None], Jp[:, None, :]]
+        D2 = (dCp * torch.bmm(dCp[:, None, :], G)[:, 0, :]).sum(dim=1)
+        absq = dCp.abs().sum(dim=1) ** 2 * (self.R * self.R)
+        return torch.sqrt(torch.clamp(D2, min=0.0) + 4.0 * (P + 2) * _EPS * absq)
+
+    def _values_at(self, idx, C, due):
+        """Values of rows ``idx`` by the Gram identity at the places ``due`` (0 elsewhere):
+        O(k·P·Qd) gathers, ``Qd`` the most due places in a row."""
+        torch = self.torch
+        width = C.shape[1]
+        J = self.J[idx, :width]
+        Qd = int(due.sum(dim=1).max())
+        places = torch.argsort((~due).to(torch.int8), dim=1, stable=True)[:, :Qd]
+        real = torch.gather(due, 1, places)
+        Jd = torch.where(real, torch.gather(J, 1, places), self.n)
+        Vd = torch.gather(self.uref[idx, :width], 1, places)
+        Jp, dCp = self._moved(idx, C)
+        if Jp.shape[1]:
+            Gs = self.Gp[Jp[:, :, None], Jd[:, None, :]]  # (k, P, Qd)
+            Vd = Vd - torch.bmm(dCp[:, None, :], Gs)[:, 0, :]
+        V = torch.zeros((idx.numel(), width), dtype=self._f64, device=self.device)
+        V.scatter_(1, places, torch.where(real, Vd, 0.0))
+        return V
+
+    def _visit(self, idx, width: int, flips: list) -> tuple[int, int]:
         """Visit rows ``idx`` at ``W(t+1)``, their tracked places within the first
-        ``width``: exact values, re-anchoring past the band, flips (``κ``, ``N`` and ``H``,
-        the outputs' corrections appended to ``flips``), ``σ``, limits, clocks.  Returns
-        how many were re-anchored."""
+        ``width``: the exact distance of the rows whose band key passed (re-anchoring
+        those past the band), the values of the pairs whose key passed, flips (``κ``,
+        ``N`` and ``H``, the outputs' corrections appended to ``flips``), ``σ``, keys.
+        Returns how many rows were re-anchored and how many values computed."""
         torch = self.torch
         n = self.n
+        clock = self.clock[idx]
         C = self._coef(idx, width)
-        V, D = self._gram(idx, C)
-        fo = self.F[idx, :width]
-        kap = self.kappa[idx, :width]
-        bad = self._expired(idx, D)
+        fo, kap = self.F[idx, :width], self.kappa[idx, :width]
+        key, bandkey = self.key[idx, :width], self.bandkey[idx]
+        banded = clock >= bandkey
+        D = torch.zeros_like(clock)
+        if bool(banded.any()):
+            D[banded] = self._distance(idx[banded], C[banded])
+        bad = banded & self._expired(idx, D)
         again = int(bad.sum())
+        due = (key <= clock[:, None]) & (self.J[idx, :width] < n) & ~bad[:, None]
+        V = self._values_at(idx, C, due) if bool(due.any()) else torch.zeros_like(C)
         if again:
             ra = idx[bad]
             oldJ, fo_ra, kap_ra = self.J[ra, :width], fo[bad], kap[bad]
             Cn = self._anchor(ra, C[bad], keep=fo_ra)
             width = max(width, int((self.J[ra] < n).sum(dim=1).max()))
-            Cn = Cn[:, :width]
-            V, C, fo, kap = (self._pad(x, width) for x in (V, C, fo, kap))
-            # the old flags and κ move to the new places, by point
+            V, C, fo, kap, key, due = (self._pad(x, width) for x in (V, C, fo, kap, key, due))
+            # the old flags and κ move to the new places, by point; every value is fresh
             newJ = self.J[ra, :width]
             fo[bad] = torch.gather(self._by_point(oldJ, fo_ra), 1, newJ)
             kap[bad] = torch.gather(self._by_point(oldJ, kap_ra), 1, newJ)
-            V[bad], C[bad] = self.uref[ra, :width], Cn
+            V[bad], C[bad], due[bad] = self.uref[ra, :width], Cn[:, :width], newJ < n
+            clock = torch.where(bad, 0.0, clock)
             D = torch.where(bad, 0.0, D)
         J = self.J[idx, :width]
-        fn = (V >= self.b) & (J < n)
+        fn = torch.where(due, V >= self.b, fo) & (J < n)
         changed = fn != fo
         if bool(changed.any()):
             g = self._own(idx, self.Ep, width)
@@ -278,13 +344,22 @@ class DeviceKernelTrainer(DeviceBand):
             delta = (V[rl, q] - self.b) * (fn[rl, q].double() - fo[rl, q].double())
             flips.append((J[rl, q], idx[rl], delta))
             self._change_counts(idx, J, fo, fn, changed)
-        self.kappa[idx, :width], self.F[idx, :width] = kap, fn
+        allow = self._allow(idx, C)
+        key = torch.where(due, self._keys(idx, V, allow, clock), key)
+        bandkey = torch.where(banded, self._band_keys(idx, allow, clock, D), bandkey)
+        self.kappa[idx, :width], self.F[idx, :width], self.key[idx, :width] = kap, fn, key
+        self.bandkey[idx], self.clock[idx] = bandkey, clock
+        self._set_limits(idx)
         self.nfire[idx] = fn.sum(dim=1)
         self._fire_lists(idx, fn)
-        self.sigma[idx] = self._sigma(idx, fn)
-        self.limit[idx] = self._limits(idx, V, C, D)
-        self.clock[idx] = 0.0
-        return again
+        # σ where the fire set changed (or is not known yet): O(Pf²) a row, so only for
+        # short fire sets; a long one keeps the triangle bound alone (σ = inf)
+        redo = changed.any(dim=1) | torch.isinf(self.sigma[idx])
+        short = self.nfire[idx] <= _config.DEVICE_SIGMA_POINTS
+        self.sigma[idx[redo & ~short]] = np.inf
+        if bool((redo & short).any()):
+            self.sigma[idx[redo & short]] = self._sigma(idx[redo & short], fn[redo & short])
+        return again, int(due.sum())
 
     def _buckets(self, due) -> list[tuple[Any, int]]:
         """The due rows in chunks of about equal tracked counts (sorted by it), each with
@@ -370,8 +445,8 @@ class DeviceKernelTrainer(DeviceBand):
             flips: list = []
             evaluated = reanchored = 0
             for part, width in self._buckets(due) if due.numel() else ():
-                evaluated += int((self.J[part, :width] < n).sum())
-                reanchored += self._visit(part, width, flips)
+                again, values = self._visit(part, width, flips)
+                reanchored, evaluated = reanchored + again, evaluated + values
         with self.timer("forward"):
             count = 0
             if flips:
@@ -389,7 +464,7 @@ class DeviceKernelTrainer(DeviceBand):
         )
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        names = ("J", "uref", "cref", "kappa", "F", "beta", "sigma", "clock", "limit")
+        names = ("J", "uref", "cref", "kappa", "F", "beta", "sigma", "key", "bandkey", "clock")
         arrays = {k: getattr(self, k).cpu().numpy() for k in names}
         arrays["E"] = self.Ep[: self.n].cpu().numpy()
         arrays["u"] = self.u_dev.cpu().numpy()
@@ -401,8 +476,10 @@ class DeviceKernelTrainer(DeviceBand):
         if self.device is None:
             self.device = torch.device("cpu")
         self._bind_device(W0, scalars["band"])
-        for k in ("J", "uref", "cref", "kappa", "F", "beta", "sigma", "clock", "limit"):
+        for k in ("J", "uref", "cref", "kappa", "F", "beta", "sigma", "key", "bandkey", "clock"):
             setattr(self, k, self._tensor(arrays[k]))
+        self.limit = torch.zeros(self.m, dtype=self._f64, device=self.device)
+        self._set_limits(torch.arange(self.m, device=self.device))
         E = np.zeros((self.n + 1, arrays["E"].shape[1]))
         E[: self.n] = arrays["E"]
         self.Ep, self.u_dev = self._tensor(E), self._tensor(arrays["u"])
