@@ -368,3 +368,23 @@ def test_segment_sums_without_segment_reduce_are_the_same_sums():
     t_vals, t_counts = torch.from_numpy(vals), torch.from_numpy(counts)
     np.testing.assert_allclose(padded_sums(torch, t_vals, t_counts).numpy(), want, atol=1e-15)
     np.testing.assert_allclose(segment_sums(torch, t_vals, t_counts).numpy(), want, atol=1e-15)
+
+
+def test_device_kernel_keys_let_quiet_neurons_rest():
+    """Pads are never due, and a neuron is due only when its clock reached a key: as the
+    steps shrink, fewer neurons are due (with heavy re-anchoring and wider rows)."""
+    from corrtree.training.device_kernel import DeviceKernelTrainer
+
+    X, y = _data(n=48, d=8, seed=5)
+    Y = y[:, None]
+    model = ct.TwoLayerReLU.init(d=8, m=2048, seed=6)
+    # a narrow band: re-anchored rows outgrow the padding
+    tr = DeviceKernelTrainer(model, X, Y, X @ X.T, "auto", device=_resolved(), band=0.1)
+    widths, reanchored = {tr.J.shape[1]}, 0
+    for _ in range(25):
+        reanchored += tr.advance(tr.outputs() - Y)["reanchored"]
+        widths.add(tr.J.shape[1])
+        pads = tr.J >= tr.n
+        assert torch.isinf(tr.key[pads]).all()
+        assert (tr.limit > tr.clock).all()  # every neuron visited when due
+    assert reanchored > 0 and len(widths) > 1

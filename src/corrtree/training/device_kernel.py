@@ -210,7 +210,8 @@ class DeviceKernelTrainer(DeviceBand):
 
     def _set_limits(self, idx) -> None:
         """A row is due when its clock reaches the least of its keys."""
-        self.limit[idx] = self.torch.minimum(self.key[idx].amin(dim=1), self.bandkey[idx])
+        key = self.torch.where(self.J[idx] < self.n, self.key[idx], np.inf)  # pads: never
+        self.limit[idx] = self.torch.minimum(key.amin(dim=1), self.bandkey[idx])
 
     def _steps(self, E):
         """A bound on each neuron's step for the error ``E`` (padded), float64 rounding
@@ -326,7 +327,8 @@ class DeviceKernelTrainer(DeviceBand):
             oldJ, fo_ra, kap_ra = self.J[ra, :width], fo[bad], kap[bad]
             Cn = self._anchor(ra, C[bad], keep=fo_ra)
             width = max(width, int((self.J[ra] < n).sum(dim=1).max()))
-            V, C, fo, kap, key, due = (self._pad(x, width) for x in (V, C, fo, kap, key, due))
+            V, C, fo, kap, due = (self._pad(x, width) for x in (V, C, fo, kap, due))
+            key = self._pad(key, width, np.inf)
             # the old flags and κ move to the new places, by point; every value is fresh
             newJ = self.J[ra, :width]
             fo[bad] = torch.gather(self._by_point(oldJ, fo_ra), 1, newJ)
@@ -345,7 +347,8 @@ class DeviceKernelTrainer(DeviceBand):
             flips.append((J[rl, q], idx[rl], delta))
             self._change_counts(idx, J, fo, fn, changed)
         allow = self._allow(idx, C)
-        key = torch.where(due, self._keys(idx, V, allow, clock), key)
+        fresh = due | bad[:, None]  # a re-anchored row's keys are all new (pads: inf)
+        key = torch.where(fresh, self._keys(idx, V, allow, clock), key)
         bandkey = torch.where(banded, self._band_keys(idx, allow, clock, D), bandkey)
         self.kappa[idx, :width], self.F[idx, :width], self.key[idx, :width] = kap, fn, key
         self.bandkey[idx], self.clock[idx] = bandkey, clock
@@ -385,10 +388,11 @@ class DeviceKernelTrainer(DeviceBand):
             s = e
         return out
 
-    def _pad(self, x, Q):
+    def _pad(self, x, Q, value=0):
         if x.shape[1] == Q:
             return x
-        fill = self.torch.zeros((x.shape[0], Q - x.shape[1]), dtype=x.dtype, device=x.device)
+        shape = (x.shape[0], Q - x.shape[1])
+        fill = self.torch.full(shape, value, dtype=x.dtype, device=x.device)
         return self.torch.cat((x, fill), dim=1)
 
     def _apply_flips(self, flips: list) -> None:
