@@ -11,7 +11,7 @@ from typing import Any
 
 from . import _validation
 
-__all__ = ["check_device_memory", "devices_found", "free_bytes", "resolve"]
+__all__ = ["check_device_memory", "devices_found", "free_bytes", "resolve", "synchronize"]
 
 
 def _torch():
@@ -68,6 +68,12 @@ def free_bytes(dev) -> float:
     if dev.type == "cuda":
         return float(torch.cuda.mem_get_info(dev)[0])
     return _validation.available_memory()
+
+
+def synchronize(dev) -> None:
+    """Wait for ``dev``'s queued work (a clock reading is then the work's time)."""
+    if dev.type == "cuda":
+        _torch().cuda.synchronize(dev)
 
 
 def check_device_memory(nbytes: float, dev, what: str) -> None:

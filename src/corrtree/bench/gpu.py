@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from .._device import synchronize
 from ..model import TwoLayerReLU
 from ..training import train
 from ._util import in_child, print_table, save_result
@@ -81,11 +82,6 @@ def _data(case: dict[str, Any], scale_n: float) -> tuple[np.ndarray, np.ndarray]
     return X, Y
 
 
-def _sync(torch, dev) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
 def torch_dense(X, Y, model, lr, iters, measured, dev, precision: str) -> dict[str, Any]:
     """PyTorch dense GD with explicit gradients (no autograd): ``measured`` timed steps
     after one warm-up step, extrapolated to ``iters``; the first loss."""
@@ -95,13 +91,13 @@ def torch_dense(X, Y, model, lr, iters, measured, dev, precision: str) -> dict[s
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     try:
-        _sync(torch, dev)
+        synchronize(dev)
         t0 = time.perf_counter()
         Xt = torch.as_tensor(X, dtype=dtype, device=dev)
         Yt = torch.as_tensor(Y, dtype=dtype, device=dev)
         At = torch.as_tensor(np.array(model.output_weights), dtype=dtype, device=dev)
         Wt = torch.as_tensor(model.W, dtype=dtype, device=dev)
-        _sync(torch, dev)
+        synchronize(dev)
         setup = time.perf_counter() - t0
         step = lr / math.sqrt(model.m)
         losses, times = [], []

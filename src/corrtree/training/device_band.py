@@ -47,6 +47,21 @@ _EPS = 2.0**-52
 _CHUNK_SHARE = 0.1
 
 
+#: The state every tracked-pair trainer of the array path keeps: each row's tracked points
+#: (the pad ``n``), their anchored products and coefficients, and the band half-widths.
+ANCHOR_FIELDS = (
+    Field("J", ("i8",), ("m", "Q"), index="n1"),
+    Field("uref", ("f8",), ("m", "Q")),
+    Field("cref", ("f8",), ("m", "Q")),
+)
+
+
+def marked_first(torch, mask, k: int):
+    """Per row, the places of the first ``k`` marked entries of ``mask``, in order, then
+    unmarked ones: a stable sort of the rows' flags (compacts a padded row's live places)."""
+    return torch.argsort((~mask).to(torch.int8), dim=1, stable=True)[:, :k]
+
+
 def segment_sums(torch, vals, counts):
     """Sums of consecutive runs of rows of ``vals`` (``counts`` rows each), each run added
     in its order whatever the device's scheduling: ``torch.segment_reduce``, or where a
@@ -122,6 +137,23 @@ class DeviceBand(Trainer):
         self._flips_next = 0  # flips between W(t) and W(t+1), the next row's
         self._sorted = None
         self._f64 = torch.float64
+
+    def _empty_rows(self, W0, device: Any, band: float | None):
+        """The run's tensors with every row empty (one pad place), before the first
+        anchoring; ``band`` checked.  Returns every row's index."""
+        import torch
+
+        self.device = device if device is not None else torch.device("cpu")
+        band = _config.BAND if band is None else float(band)
+        if not band > 0:
+            raise ValueError(f"band must be > 0, got {band}")
+        self._bind_device(W0, band)
+        m, f64 = self.m, self._f64
+        self.beta = torch.full((m,), band, dtype=f64, device=self.device)
+        self.J = torch.full((m, 1), self.n, dtype=torch.int64, device=self.device)
+        self.uref = torch.zeros((m, 1), dtype=f64, device=self.device)
+        self.cref = torch.zeros_like(self.uref)
+        return torch.arange(m, device=self.device)
 
     def _coef(self, idx):
         """The coefficients ``C(t)`` of rows ``idx`` at their tracked points, ``(k, Q)``."""
@@ -211,34 +243,41 @@ class DeviceBand(Trainer):
                 setattr(self, name, torch.cat((a, z), dim=1))
 
     # -- values, outputs ---------------------------------------------------------------
+    def _moved(self, idx, C):
+        """The coefficient changes since the anchor of rows ``idx`` at the columns that
+        moved (those that fired: only they enter the Gram sums): their points ``Jp`` and
+        changes ``dCp``, ``(k, P)``, P the most in a row."""
+        torch = self.torch
+        J = self.J[idx, : C.shape[1]]  # the rows' places beyond C's are pads
+        dC = C - self.cref[idx, : C.shape[1]]
+        moving = dC != 0
+        P = int(moving.sum(dim=1).max()) if idx.numel() else 0
+        first = marked_first(torch, moving, P)
+        return torch.gather(J, 1, first), torch.gather(dC, 1, first)
+
+    def _distance_of(self, D2, dCp):
+        """``D >= ||w_r(t) - w_r(t_a)||`` from the computed ``D2 = ΔCᵀGΔC``: its rounding
+        is at most (P+2)·ε of its absolute terms, Σ_pq |ΔC_p||G_pq||ΔC_q| <=
+        (Σ_p |ΔC_p|)²·R² (|G_pq| <= R²)."""
+        absq = dCp.abs().sum(dim=1) ** 2 * (self.R * self.R)
+        P = dCp.shape[1]
+        return self.torch.sqrt(self.torch.clamp(D2, min=0.0) + 4.0 * (P + 2) * _EPS * absq)
+
     def _gram(self, idx, C):
         """Values ``V`` of rows ``idx`` (coefficients ``C``) by the Gram identity from
         their anchors, and their distance from the anchor with its rounding margin,
         ``D >= ||w_r(t) - w_r(t_a)||``.  O(k·P·Q) gathers, ``P`` the most moved
         coefficients in a row."""
         torch = self.torch
-        width = C.shape[1]  # the rows' places beyond it are pads
-        J = self.J[idx, :width]
-        dC = C - self.cref[idx, :width]
-        # only the pairs whose coefficient moved since the anchor (those that fired)
-        # enter the sums: gather G at those P columns only, P = their most in a row
-        moving = dC != 0
-        P = int(moving.sum(dim=1).max()) if idx.numel() else 0
-        if P == 0:
-            return self.uref[idx, :width].clone(), torch.zeros(
-                idx.numel(), dtype=self._f64, device=self.device
-            )
-        first = torch.argsort((~moving).to(torch.int8), dim=1, stable=True)[:, :P]
-        Jp, dCp = torch.gather(J, 1, first), torch.gather(dC, 1, first)
+        uref = self.uref[idx, : C.shape[1]]
+        Jp, dCp = self._moved(idx, C)
+        if Jp.shape[1] == 0:
+            return uref.clone(), torch.zeros(idx.numel(), dtype=self._f64, device=self.device)
+        J = self.J[idx, : C.shape[1]]
         Gs = self.Gp[Jp[:, :, None], J[:, None, :]]  # (rows, P, Q)
         GdC = torch.bmm(dCp[:, None, :], Gs)[:, 0, :]
-        V = self.uref[idx, :width] - GdC
-        D2 = (dC * GdC).sum(dim=1)
-        # rounding of the quadratic form: at most (P+2)·ε of its absolute terms,
-        # Σ_pq |ΔC_p||G_pq||ΔC_q| <= (Σ_p |ΔC_p|)²·R² (|G_pq| <= R²)
-        absq = dCp.abs().sum(dim=1) ** 2 * (self.R * self.R)
-        D = torch.sqrt(torch.clamp(D2, min=0.0) + 4.0 * (P + 2) * _EPS * absq)
-        return V, D
+        D2 = (C - self.cref[idx, : C.shape[1]]).mul(GdC).sum(dim=1)
+        return uref - GdC, self._distance_of(D2, dCp)
 
     def _expired(self, idx, D):
         """Whether the band of rows ``idx`` may be exceeded at distance ``D``."""
@@ -317,9 +356,7 @@ class DeviceLazyTrainer(DeviceBand):
     SCHEMA = Schema(
         1,
         (
-            Field("J", ("i8",), ("m", "Q"), index="n1"),
-            Field("uref", ("f8",), ("m", "Q")),
-            Field("cref", ("f8",), ("m", "Q")),
+            *ANCHOR_FIELDS,
             Field("C", ("f8",), ("m", "Q")),
             Field("beta", ("f8",), ("m",)),
         ),
@@ -328,20 +365,9 @@ class DeviceLazyTrainer(DeviceBand):
     PADDED = ("uref", "cref", "C", "V")
 
     def _prepare(self, W0: np.ndarray, device: Any = None, band: float | None = None) -> None:
-        import torch
-
-        self.device = device if device is not None else torch.device("cpu")
-        band = _config.BAND if band is None else float(band)
-        if not band > 0:
-            raise ValueError(f"band must be > 0, got {band}")
-        self._bind_device(W0, band)
         self.V = None
-        rows = torch.arange(self.m, device=self.device)
-        self.beta = torch.full((self.m,), band, dtype=torch.float64, device=self.device)
-        self.J = torch.full((self.m, 1), self.n, dtype=torch.int64, device=self.device)
-        zeros = torch.zeros((self.m, 1), dtype=torch.float64, device=self.device)
-        self.uref, self.cref, self.C = zeros, zeros.clone(), zeros.clone()
-        self.C = self._anchor(rows, self.C)
+        rows = self._empty_rows(W0, device, band)
+        self.C = self._anchor(rows, self.torch.zeros_like(self.uref))
         self._values()
 
     def _coef(self, idx):

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .. import _config
-from .._device import free_bytes
+from .._device import free_bytes, synchronize
 from .costs import expected_flips
 
 __all__ = ["calibrate", "choose_device_method", "estimate_device"]
@@ -59,11 +59,11 @@ def calibrate(dev) -> dict[str, float]:
 
     def timed(op, reps: int) -> float:
         op()
-        _sync(torch, dev)
+        synchronize(dev)
         t0 = time.perf_counter()
         for _ in range(reps):
             op()
-        _sync(torch, dev)
+        synchronize(dev)
         return (time.perf_counter() - t0) / reps
 
     rates = {
@@ -74,11 +74,6 @@ def calibrate(dev) -> dict[str, float]:
     }
     _RATES[key] = rates
     return {**rates, "seconds": time.perf_counter() - t_start}
-
-
-def _sync(torch, dev) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
 
 
 def estimate_device(

@@ -40,7 +40,14 @@ import numpy as np
 from .. import _config
 from .._device import free_bytes
 from ._state import Field, Scalar, Schema
-from .device_band import _CHUNK_SHARE, _EPS, DeviceBand, segment_sums
+from .device_band import (
+    _CHUNK_SHARE,
+    _EPS,
+    ANCHOR_FIELDS,
+    DeviceBand,
+    marked_first,
+    segment_sums,
+)
 from .optim import LinearStep
 
 __all__ = ["DeviceKernelTrainer"]
@@ -56,9 +63,7 @@ class DeviceKernelTrainer(DeviceBand):
     SCHEMA = Schema(
         1,
         (
-            Field("J", ("i8",), ("m", "Q"), index="n1"),
-            Field("uref", ("f8",), ("m", "Q")),
-            Field("cref", ("f8",), ("m", "Q")),
+            *ANCHOR_FIELDS,
             Field("kappa", ("f8",), ("m", "Q")),
             Field("F", ("b1",), ("m", "Q")),
             Field("beta", ("f8",), ("m",)),
@@ -80,23 +85,11 @@ class DeviceKernelTrainer(DeviceBand):
         return 20.0 * (n * K) ** 2  # N, H, and a float32 count matrix while N is built
 
     def _prepare(self, W0: np.ndarray, device: Any = None, band: float | None = None) -> None:
-        import torch
-
-        self.device = device if device is not None else torch.device("cpu")
-        band = _config.BAND if band is None else float(band)
-        if not band > 0:
-            raise ValueError(f"band must be > 0, got {band}")
-        self._bind_device(W0, band)
-        m, n, K, f64 = self.m, self.n, self.At.shape[1], self._f64
-        self.beta = torch.full((m,), band, dtype=f64, device=self.device)
-        self.J = torch.full((m, 1), n, dtype=torch.int64, device=self.device)
-        zeros = torch.zeros((m, 1), dtype=f64, device=self.device)
-        self.uref, self.cref = zeros, zeros.clone()
-        self.kappa, self.F = (
-            zeros.clone(),
-            torch.zeros((m, 1), dtype=torch.bool, device=self.device),
-        )
-        rows = torch.arange(m, device=self.device)
+        rows = self._empty_rows(W0, device, band)
+        torch, m, n, K, f64 = self.torch, self.m, self.n, self.At.shape[1], self._f64
+        self.key = None  # made after the first anchoring
+        self.kappa = torch.zeros_like(self.uref)
+        self.F = torch.zeros((m, 1), dtype=torch.bool, device=self.device)
         self.kappa = self._anchor(rows, self.kappa)  # W(0): every coefficient is 0
         self.V = self.uref
         self.F = (self.V >= self.b) & (self.J < n)
@@ -239,7 +232,7 @@ class DeviceKernelTrainer(DeviceBand):
                 Jf[:, : self.Jf.shape[1]] = self.Jf
             self.Jf, self.XNf = Jf, self.xnorm[Jf]
         k = min(F.shape[1], self.Jf.shape[1])  # the rows' places may be fewer than the lists'
-        first = torch.argsort((~F).to(torch.int8), dim=1, stable=True)[:, :k]
+        first = marked_first(torch, F, k)
         fired = torch.gather(F, 1, first)
         J = self.J[idx, : F.shape[1]]
         lists = torch.full((idx.numel(), self.Jf.shape[1]), self.n, dtype=J.dtype, device=J.device)
@@ -252,36 +245,23 @@ class DeviceKernelTrainer(DeviceBand):
         Pf = int(F.sum(dim=1).max()) if idx.numel() else 0
         if Pf == 0:
             return torch.zeros(idx.numel(), dtype=self._f64, device=self.device)
-        first = torch.argsort((~F).to(torch.int8), dim=1, stable=True)[:, :Pf]
+        first = marked_first(torch, F, Pf)
         J = self.J[idx, : F.shape[1]]
         Jf = torch.where(torch.gather(F, 1, first), torch.gather(J, 1, first), self.n)
         rows = self.Gp[Jf[:, :, None], Jf[:, None, :]].abs().sum(dim=2).amax(dim=1)
         return torch.sqrt(rows * (1.0 + 4.0 * (Pf + 2) * _EPS))
 
     # -- a visit -------------------------------------------------------------------------
-    def _moved(self, idx, C):
-        """The coefficient changes since the anchor of rows ``idx`` at the columns that
-        moved: their points ``Jp`` and changes ``dCp`` (``(k, P)``, P the most in a row)."""
-        torch = self.torch
-        J = self.J[idx, : C.shape[1]]
-        dC = C - self.cref[idx, : C.shape[1]]
-        moving = dC != 0
-        P = int(moving.sum(dim=1).max()) if idx.numel() else 0
-        first = torch.argsort((~moving).to(torch.int8), dim=1, stable=True)[:, :P]
-        return torch.gather(J, 1, first), torch.gather(dC, 1, first)
-
     def _distance(self, idx, C):
         """``D >= ||w_r(t) - w_r(t_a)||`` of rows ``idx``: ``sqrt(ΔCᵀ G ΔC)`` over the
-        moved columns, with the margin of its rounding (as :meth:`DeviceBand._gram`)."""
+        moved columns, with the margin of its rounding (:meth:`DeviceBand._distance_of`)."""
         torch = self.torch
         Jp, dCp = self._moved(idx, C)
         P = Jp.shape[1]
         if P == 0:
             return torch.zeros(idx.numel(), dtype=self._f64, device=self.device)
         G = self.Gp[Jp[:, :, None], Jp[:, None, :]]
-        D2 = (dCp * torch.bmm(dCp[:, None, :], G)[:, 0, :]).sum(dim=1)
-        absq = dCp.abs().sum(dim=1) ** 2 * (self.R * self.R)
-        return torch.sqrt(torch.clamp(D2, min=0.0) + 4.0 * (P + 2) * _EPS * absq)
+        return self._distance_of((dCp * torch.bmm(dCp[:, None, :], G)[:, 0, :]).sum(dim=1), dCp)
 
     def _values_at(self, idx, C, due):
         """Values of rows ``idx`` by the Gram identity at the places ``due`` (0 elsewhere):
@@ -290,7 +270,7 @@ class DeviceKernelTrainer(DeviceBand):
         width = C.shape[1]
         J = self.J[idx, :width]
         Qd = int(due.sum(dim=1).max())
-        places = torch.argsort((~due).to(torch.int8), dim=1, stable=True)[:, :Qd]
+        places = marked_first(torch, due, Qd)
         real = torch.gather(due, 1, places)
         Jd = torch.where(real, torch.gather(J, 1, places), self.n)
         Vd = torch.gather(self.uref[idx, :width], 1, places)
