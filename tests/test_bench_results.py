@@ -76,7 +76,7 @@ def test_the_cost_model_picks_the_fastest_measured_method_on_the_workloads():
 
     from corrtree.bench.workloads import WORKLOADS, load
     from corrtree.model import default_threshold
-    from corrtree.training._train import choose_method
+    from corrtree.training._choice import choose_method
 
     stored = pathlib.Path(__file__).parents[1] / "benchmarks/results/workloads_large.json"
     results = json.loads(stored.read_text())["results"]

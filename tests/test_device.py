@@ -105,8 +105,11 @@ def test_a_run_that_does_not_fit_on_the_device_is_refused_before_it_starts(monke
     X, y = _data()
     model = ct.TwoLayerReLU.init(d=10, m=4096)
     W0 = model.W.copy()
-    monkeypatch.setattr(v, "available_memory", lambda: 1000.0)
-    with pytest.raises(MemoryError, match=r"method='dense' at m=4096, d=10 on cpu needs .* GiB"):
+    monkeypatch.setattr(v, "available_memory", lambda: 200_000.0)
+    with pytest.raises(
+        MemoryError,
+        match=r"method='dense' at n=64, m=4096, d=10 needs .* available on cpu; m=\d+ would fit",
+    ):
         ct.train(model, X, y, method="dense", iters=1, device="cpu")
     np.testing.assert_array_equal(model.W, W0)  # nothing written
 
@@ -285,7 +288,9 @@ def test_device_lazy_that_would_not_fit_is_refused_in_one_line(monkeypatch):
     X, y = _data()
     model = ct.TwoLayerReLU.init(d=10, m=4096)
     monkeypatch.setattr(v, "available_memory", lambda: 50_000.0)
-    with pytest.raises(MemoryError, match=r"method='lazy' at m=4096, n=64, d=10 on cpu needs"):
+    with pytest.raises(
+        MemoryError, match=r"method='lazy' at n=64, m=4096, d=10 needs .* on cpu; m=\d+ would fit"
+    ):
         ct.train(model, X, y, method="lazy", iters=1, device="cpu")
 
 

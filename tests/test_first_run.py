@@ -11,7 +11,7 @@ import pytest
 
 import corrtree as ct
 from corrtree import _validation
-from corrtree.training._train import method_options
+from corrtree.training._choice import method_options
 
 
 def _fake_free(monkeypatch, nbytes):

@@ -107,7 +107,9 @@ def test_normals_are_standard_gaussian():
 def test_implicit_model_interface(tmp_path):
     model = ct.TwoLayerReLU.init(d=6, m=50, outputs=2, seed=4, implicit=True)
     assert model.implicit and model.seed == 4 and (model.m, model.d, model.outputs) == (50, 6, 2)
-    with pytest.raises(AttributeError, match=r"W: an implicit model .* GiB.*weights\(start"):
+    with pytest.raises(
+        AttributeError, match=r"W: an implicit model .* \(it would take 2\.34 KiB\).*weights\(start"
+    ):
         _ = model.W
     W = model.weights()
     np.testing.assert_array_equal(W, _philox.normal_rows(4, 0, np.empty((50, 6))))

@@ -256,7 +256,7 @@ def test_a_damaged_optimizer_state_is_refused(tmp_path):
 
 
 def test_auto_counts_the_batch_for_dense_and_the_lazy_step_for_kernel():
-    from corrtree.training._train import choose_method
+    from corrtree.training._choice import choose_method
     from corrtree.training.optim import SGD
 
     X, _, model0 = _problem(300, 8192, 32, 1, seed=14, b_scale=1.0)

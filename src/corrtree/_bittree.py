@@ -13,10 +13,11 @@ O(depth) per reported leaf plus O(1) per tree.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 from numba.cpython.unsafe.numbers import trailing_zeros
 
 from . import _maxtree
+from ._jit import njit
 
 WORD = 64
 _ONE = np.uint64(1)

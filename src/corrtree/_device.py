@@ -63,10 +63,14 @@ def resolve(device: Any):
 
 
 def free_bytes(dev) -> float:
-    """Free memory of ``dev`` in bytes (the host's available memory for the CPU)."""
+    """Free memory of ``dev`` in bytes: on a GPU what the driver reports free plus what
+    torch's caching allocator holds reserved and unused (``mem_get_info`` counts those
+    cached blocks as used, though torch hands them out again); the host's available
+    memory (cgroup limits included) for the CPU."""
     torch = _torch()
     if dev.type == "cuda":
-        return float(torch.cuda.mem_get_info(dev)[0])
+        cached = torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+        return float(torch.cuda.mem_get_info(dev)[0] + max(cached, 0))
     return _validation.available_memory()
 
 
@@ -76,11 +80,7 @@ def synchronize(dev) -> None:
         _torch().cuda.synchronize(dev)
 
 
-def check_device_memory(nbytes: float, dev, what: str) -> None:
-    """``MemoryError`` in one line when ``nbytes`` do not fit in ``dev``'s free memory."""
-    free = free_bytes(dev)
-    if nbytes > free:
-        raise MemoryError(
-            f"{what} needs {nbytes / 2**30:.2f} GiB on {dev} but only {free / 2**30:.2f} GiB "
-            f"is free there"
-        )
+def check_device_memory(nbytes: float, dev, what: str, hint: str = "") -> None:
+    """``MemoryError`` in one line when ``nbytes`` do not fit in ``dev``'s free memory
+    (ending with ``hint``, what would fit instead, if given)."""
+    _validation.check_memory(nbytes, what, hint, available=free_bytes(dev), where=f" on {dev}")

@@ -15,9 +15,10 @@ trainers read ``W(0)`` one way from both.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from . import _config, _philox
+from ._jit import njit
 
 __all__ = ["ImplicitWeights", "StoredWeights", "forward_rows"]
 

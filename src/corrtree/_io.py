@@ -2,27 +2,47 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ._memory import format_bytes
+
 __all__ = [
     "atomic_savez",
     "atomic_write_json",
+    "atomic_write_npy",
     "atomic_write_text",
     "digest_of",
     "remove_stale_temporaries",
 ]
 
 
-def _atomic(path: str | os.PathLike, write) -> Path:
+def _atomic(path: str | os.PathLike, write, size: float = 0) -> Path:
+    """Write ``path`` through ``write(fh)`` into a temporary file of its folder, then
+    rename it: ``path`` is either as it was or complete.  ``size``: the bytes it will
+    take, refused in one line (``ENOSPC``, naming ``path``) when the disk has less room
+    left; a disk that fills during the write also leaves ``path`` as it was and no
+    temporary file behind."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if size:
+        free = shutil.disk_usage(path.parent).free
+        if size > free:
+            raise OSError(
+                errno.ENOSPC,
+                f"no room to write {format_bytes(size)} (only {format_bytes(free)} free on "
+                f"its disk)",
+                str(path),
+            )
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     umask = os.umask(0)
     os.umask(umask)
@@ -38,6 +58,22 @@ def _atomic(path: str | os.PathLike, write) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def atomic_write_npy(
+    path: str | os.PathLike, shape: tuple[int, int], blocks: Iterable[np.ndarray]
+) -> Path:
+    """Write a float64 ``.npy`` file of ``shape`` from ``blocks`` of rows (in order)
+    atomically, holding one block at a time; its size is checked against the disk's
+    room first (see :func:`_atomic`)."""
+
+    def write(fh) -> None:
+        header = {"descr": "<f8", "fortran_order": False, "shape": tuple(shape)}
+        np.lib.format.write_array_header_1_0(fh, header)
+        for block in blocks:
+            fh.write(np.ascontiguousarray(block, dtype="<f8").tobytes())
+
+    return _atomic(path, write, size=8.0 * shape[0] * shape[1] + 128)
 
 
 def remove_stale_temporaries(path: str | os.PathLike) -> None:
@@ -76,8 +112,10 @@ def _finite(obj: Any) -> Any:
 
 
 def atomic_savez(path: str | os.PathLike, **arrays: np.ndarray) -> Path:
-    """Save arrays to an uncompressed ``.npz`` file atomically (no pickled objects)."""
-    return _atomic(path, lambda fh: np.savez(fh, **arrays))
+    """Save arrays to an uncompressed ``.npz`` file atomically (no pickled objects),
+    refused first when the disk has no room for them."""
+    size = sum(np.asarray(a).nbytes + 256 for a in arrays.values())
+    return _atomic(path, lambda fh: np.savez(fh, **arrays), size=size)
 
 
 def _json_default(obj: Any) -> Any:

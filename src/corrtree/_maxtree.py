@@ -21,7 +21,9 @@ depth-first walk that enters only nodes whose maximum is ``>= tau``; it visits
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
+
+from ._jit import njit
 
 BRANCH = 16
 

@@ -33,7 +33,9 @@ import math
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import prange
+
+from ._jit import njit
 
 __all__ = [
     "normal_rows",

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 from collections.abc import Callable
 
 import numpy as np
+
+from ._memory import format_bytes, system_available
 
 __all__ = [
     "as_matrix",
@@ -24,45 +25,37 @@ __all__ = [
     "check_real",
     "check_rows",
     "check_shape_2d",
+    "format_bytes",
     "readonly",
     "widest_fitting",
 ]
 
 
 def available_memory() -> int:
-    """Bytes of memory this process can still allocate, as the OS reports it.
-
-    Reads ``MemAvailable`` from ``/proc/meminfo`` where it exists, else the
-    physical memory size.
-    """
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
-        return 1 << 62
+    """Bytes of memory this process can still allocate: ``MemAvailable``, or less under
+    a memory cgroup's limit (:func:`corrtree._memory.system_available`).  Every memory
+    check reads it here, one place to replace in tests."""
+    return system_available()
 
 
-def check_memory(nbytes: float, what: str, hint: str = "") -> None:
-    """Raise ``MemoryError`` naming ``what`` if ``nbytes`` cannot fit in memory; the
-    message ends with ``hint`` (what would fit instead), if given."""
-    avail = available_memory()
+def check_memory(
+    nbytes: float, what: str, hint: str = "", available: float | None = None, where: str = ""
+) -> None:
+    """Raise ``MemoryError`` naming ``what`` if ``nbytes`` cannot fit in ``available``
+    bytes (default :func:`available_memory`; ``where``: whose memory it is, e.g. "on
+    cuda:0"); the message ends with ``hint`` (what would fit instead), if given."""
+    avail = available_memory() if available is None else available
     if nbytes > avail:
         raise MemoryError(
-            f"{what} needs {nbytes / 2**30:.2f} GiB but only {avail / 2**30:.2f} GiB "
-            "of memory is available" + (f"; {hint}" if hint else "")
+            f"{what} needs {format_bytes(nbytes)} but only {format_bytes(avail)} "
+            f"of memory is available{where}" + (f"; {hint}" if hint else "")
         )
 
 
-def widest_fitting(bytes_at: Callable[[int], float], m: int) -> int:
-    """The largest power of two below ``m`` whose ``bytes_at(width)`` fits in available
-    memory (0 if none does)."""
-    avail = available_memory()
+def widest_fitting(bytes_at: Callable[[int], float], m: int, available: float | None = None) -> int:
+    """The largest power of two below ``m`` whose ``bytes_at(width)`` fits in
+    ``available`` bytes (default :func:`available_memory`); 0 if none does."""
+    avail = available_memory() if available is None else available
     width = 1 << max(int(m - 1).bit_length() - 1, 0)
     while width >= 1 and bytes_at(width) > avail:
         width //= 2

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import tempfile
@@ -16,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__, _config, datasets, theory
+from . import __version__, _config, _jit, datasets, theory
 from ._cli_data import CliError, accuracy_of, load_data
 from ._cli_parser import BUILTIN_DATA, build_parser
 from ._io import atomic_write_json, atomic_write_text
@@ -25,6 +26,7 @@ from .distributed import WorkerLost
 from .model import TwoLayerReLU
 from .preprocessing import load_transform
 from .training import CheckpointError, History, TrainingDiverged, resume, train, warmup
+from .training.checkpoint import read_manifest
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
@@ -113,8 +115,19 @@ def output_dir(path: Path, option: str) -> Path:
 
 def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
-        return _resume(Path(args.resume), args.quiet, args.workers, args.scheduler)
+        return _resume(Path(args.resume), args.quiet, args.workers, args.scheduler, args.device)
     out = output_dir(Path(args.out or f"corrtree-out/{Path(args.data).stem}"), "--out")
+    run_id = uuid.uuid4().hex
+    try:
+        return _new_run(args, out, run_id)
+    except KeyboardInterrupt as exc:
+        raise _interrupted(exc, out, run_id) from None
+    except WorkerLost as exc:
+        raise _lost(exc, out) from None
+
+
+def _new_run(args: argparse.Namespace, out: Path, run_id: str) -> int:
+    """``corrtree train`` without ``--resume``: load, train, write the results."""
     if args.data not in BUILTIN_DATA:  # so that --resume works from any folder
         args.data = str(Path(args.data).resolve())
     ds = load_data(
@@ -134,7 +147,6 @@ def cmd_train(args: argparse.Namespace) -> int:
         seed=args.seed,
         implicit=args.implicit,
     )
-    run_id = uuid.uuid4().hex
     sgd = {
         "batch_size": args.batch_size,
         "epochs": args.epochs,
@@ -147,34 +159,46 @@ def cmd_train(args: argparse.Namespace) -> int:
     steps = _steps(ds.X_train.shape[0], args.iters, args.batch_size, args.epochs)
     eval_set = (ds.X_test, ds.y_test) if ds.X_test.shape[0] else None
     settings = {k: v for k, v in vars(args).items() if k not in ("func", "resume")}
-    atomic_write_json(out / "run.json", {**settings, "run_id": run_id, "finished": False})
-    try:
-        with (
-            cluster(args.workers, args.scheduler) as client,
-            Progress(steps, args.method, args.quiet) as progress,
-        ):
-            hist = train(
-                model,
-                ds.X_train,
-                ds.y_train,
-                method=args.method,
-                lr=lr,
-                iters=args.iters,
-                callback=progress,
-                eval_set=eval_set if args.batch_size or args.epochs else None,
-                **sgd,
-                checkpoint=out / "checkpoint.npz",
-                checkpoint_every=args.checkpoint_every,
-                run_id=run_id,
-                lr_retries=_config.LR_RETRIES if lr == "auto" else 0,
-                client=client,
-                device=args.device,
-            )
-    except KeyboardInterrupt as exc:
-        raise _interrupted(exc, out) from None
-    except WorkerLost as exc:
-        raise _lost(exc, out) from None
-    return _finish(out, model, hist, ds, {**settings, "run_id": run_id}, {})
+    run = {**settings, "run_id": run_id}
+    with (
+        cluster(args.workers, args.scheduler) as client,
+        Progress(steps, args.method, args.quiet) as progress,
+    ):
+        hist = train(
+            model,
+            ds.X_train,
+            ds.y_train,
+            method=args.method,
+            lr=lr,
+            iters=args.iters,
+            callback=_recording(out, run, progress),
+            eval_set=eval_set if args.batch_size or args.epochs else None,
+            **sgd,
+            checkpoint=out / "checkpoint.npz",
+            checkpoint_every=args.checkpoint_every,
+            run_id=run_id,
+            lr_retries=_config.LR_RETRIES if lr == "auto" else 0,
+            client=client,
+            device=args.device,
+        )
+    return _finish(out, model, hist, ds, run, {})
+
+
+def _recording(
+    out: Path, run: dict[str, Any], progress: Callable[[int, History], Any]
+) -> Callable[[int, History], Any]:
+    """``progress``, writing ``out/run.json`` (unfinished) when the first step ends:
+    everything that can refuse the run has run by then, so a refused run leaves the
+    folder (an interrupted run's ``--resume`` state included) as it was."""
+    written = []
+
+    def callback(t: int, hist: History) -> Any:
+        if not written:
+            atomic_write_json(out / "run.json", {**run, "finished": False})
+            written.append(True)
+        return progress(t, hist)
+
+    return callback
 
 
 @contextlib.contextmanager
@@ -213,12 +237,19 @@ def _lost(exc: Exception, out: Path) -> CliError:
     return CliError(f"{exc}{hint}")
 
 
-def _interrupted(exc: KeyboardInterrupt, out: Path) -> KeyboardInterrupt:
-    if "state saved" in str(exc):
-        return KeyboardInterrupt(f"{exc}; continue with: corrtree train --resume {out}")
+def _interrupted(exc: KeyboardInterrupt, out: Path, run_id: str) -> KeyboardInterrupt:
+    """The one line of an interrupted run: whether it left a checkpoint to resume from
+    (the file's run id, not the message, decides: a second signal may have replaced
+    the message that said so)."""
+    try:
+        saved = read_manifest(out / "checkpoint.npz")["meta"].get("run_id") == run_id
+    except (CheckpointError, OSError, KeyError, TypeError, AttributeError):
+        saved = False
+    if saved:
+        said = str(exc) if "state saved" in str(exc) else "interrupted; state saved"
+        return KeyboardInterrupt(f"{said}; continue with: corrtree train --resume {out}")
     return KeyboardInterrupt(
-        "interrupted before the first iteration ended: nothing was "
-        "saved, there is nothing to resume"
+        "interrupted before the first checkpoint: nothing was saved, there is nothing to resume"
     )
 
 
@@ -255,7 +286,9 @@ def _finish(
     return 0
 
 
-def _resume(out: Path, quiet: bool, workers: int | None, scheduler: str | None) -> int:
+def _resume(
+    out: Path, quiet: bool, workers: int | None, scheduler: str | None, device: str | None
+) -> int:
     run_file = out / "run.json"
     if not run_file.is_file():
         raise CliError(f"{out} has no run.json: not a folder written by corrtree train")
@@ -281,25 +314,48 @@ def _resume(out: Path, quiet: bool, workers: int | None, scheduler: str | None) 
     )
     if workers is None and scheduler is None:  # the run's own cluster, unless told otherwise
         workers, scheduler = run.get("workers"), run.get("scheduler")
+    device = _resume_device(device, run.get("device"))
+    run = {**run, "device": device}
     try:
         with cluster(workers, scheduler) as client, Progress(iters, "resuming", quiet) as progress:
             model, hist = resume(
                 ck,
                 ds.X_train,
                 ds.y_train,
-                callback=progress,
+                callback=_recording(out, run, progress),
                 run_id=run.get("run_id"),
                 client=client,
-                device=run.get("device"),
+                device=device,
                 eval_set=(ds.X_test, ds.y_test)
                 if ds.X_test.shape[0] and (run.get("batch_size") or run.get("epochs"))
                 else None,
             )
     except KeyboardInterrupt as exc:
-        raise _interrupted(exc, out) from None
+        raise _interrupted(exc, out, run.get("run_id")) from None
     except WorkerLost as exc:
         raise _lost(exc, out) from None
     return _finish(out, model, hist, ds, run, {"resumed": True})
+
+
+def _resume_device(asked: str | None, recorded: Any) -> str | None:
+    """Where a resumed run trains: ``--device`` when given (a checkpoint resumes on any
+    device), else the run's own device, refused in one line naming ``--device`` when it
+    is not here."""
+    device = asked if asked is not None else recorded
+    if device is None:
+        return None
+    from ._device import resolve
+
+    try:
+        resolve(device)
+    except ValueError as exc:
+        if asked is not None:
+            raise CliError(f"--device: {exc}") from None
+        raise CliError(
+            f"the run trained on {device!r}, which is not here ({exc}); "
+            "resume it on another device with --device (e.g. --device cpu)"
+        ) from None
+    return device
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -378,8 +434,10 @@ def _compile_line(*hists: History) -> str:
 
 
 def cmd_warmup(args: argparse.Namespace) -> int:
-    methods = [m for m in args.methods.split(",") if m]
-    took = warmup(methods)
+    try:  # every name checked before anything compiles; '' names no method
+        took = warmup([name.strip() for name in args.methods.split(",")])
+    except ValueError as exc:
+        raise CliError(f"--methods {args.methods!r}: {exc}") from None
     if took.compiled:
         print(f"compiled {took.compiled} functions in {took.seconds:.1f} s, once per install")
     else:
@@ -525,18 +583,46 @@ def _log_to_stderr() -> None:
         logger.setLevel(logging.INFO)
 
 
-def _terminate(signum, frame):  # SIGTERM stops like Ctrl-C (training saves a checkpoint)
-    raise KeyboardInterrupt("terminated")
+#: The stop signals received by this command: the first ends the run (as an exception,
+#: so that training saves its checkpoint and the one-line message is printed); any
+#: later one is ignored, so that no second exception interrupts that ending half-way.
+_stopping: list[int] = []
+
+
+def _stop(signum, frame):
+    """SIGINT (Ctrl-C) and SIGTERM: the first ends the run, later ones are ignored."""
+    if _stopping:
+        return
+    _stopping.append(signum)
+    raise KeyboardInterrupt("terminated" if signum == signal.SIGTERM else "interrupted")
+
+
+def _stop_while_compiling(signum: int) -> None:
+    """A stop signal while numba compiles (:mod:`corrtree._jit`): an exception there
+    would break the compiler, and waiting could take many seconds, so the command ends
+    at once.  The run's files are as they were (compilation happens before the first
+    step, and every file is written atomically); a compilation helper exits with this
+    process (its pipe closes)."""
+    what = "terminated" if signum == signal.SIGTERM else "interrupted"
+    sys.stderr.write(
+        f"corrtree: {what} while compiling the kernels; files on disk are as they were\n"
+    )
+    sys.stderr.flush()
+    os._exit(EXIT_INTERRUPTED)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _log_to_stderr()
-    previous = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
+    stops = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, _stop) for s in stops} if _main_thread() else {}
+    _stopping.clear()
+    _jit.on_held_signal(_stop_while_compiling)
     try:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt as exc:
+        _stopping.append(signal.SIGINT)  # later signals: ignored while this one ends the run
         msg = str(exc) or "interrupted"
         print(f"corrtree: {msg}", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -554,8 +640,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"corrtree: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_ERROR
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        _jit.on_held_signal(None)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _main_thread() -> bool:

@@ -37,11 +37,14 @@ from typing import Any
 
 import numpy as np
 
-from . import _config
+from . import _config, _validation
 from ._implicit import ImplicitWeights
 from ._shard_files import SHARDED_FORMAT, arrays_of, check_manifest, save_shards
+from ._threads import OPENBLAS_THREAD_TIMEOUT
 from .model import TwoLayerReLU
 from .training._base import PHASES, Trainer
+from .training._choice import check_run_memory, shard_need
+from .training._choice import slices as _slices
 from .training._loop import STOP_SIGNALS, Run, check_divergence
 from .training._ntk import (
     NTKOperator,
@@ -123,15 +126,19 @@ class Shard:
         b: float,
         width: int,
         options: dict[str, Any],
+        linear: bool = False,
     ) -> dict:
         """Preprocess the slice (``W``, ``a`` its rows; an implicit slice regenerates its
-        own rows from the seed); the learning rate comes later."""
+        own rows from the seed); the learning rate comes later.  ``linear``: steps with
+        momentum or weight decay.  The slice's modelled memory is checked first, against
+        what this worker may still allocate."""
         _limit_threads()
         self._data(X, Y)
         if isinstance(W, ImplicitWeights):
             self.model = TwoLayerReLU._of_implicit(W, np.array(a), b, squeeze=False)
         else:
             self.model = TwoLayerReLU(W, a, b, copy=False)  # the received rows are this shard's
+        _check_shard_memory(method, self.X, self.model, linear, options, width)
         self._prepared = TRAINERS[method].prepare(
             self.model, self.X, self.Y, self.G, width, **options
         )
@@ -197,6 +204,7 @@ class Shard:
             b = model.b
             del model, trainer
         self.model = TwoLayerReLU(np.concatenate(rows), np.concatenate(a), b)
+        _check_shard_memory(method, self.X, self.model, False, options, width)
         prepared = TRAINERS[method].prepare(self.model, self.X, self.Y, self.G, width, **options)
         self.trainer = prepared.start(lr)
         return self.trainer.outputs()
@@ -253,6 +261,52 @@ class Shard:
         return os.getpid()
 
 
+def _worker_available() -> tuple[float, str]:
+    """Bytes this shard's process may still allocate (the host's available memory, and
+    under a Dask worker's ``memory_limit`` what its process does not hold yet), and
+    whose memory that is."""
+    avail = float(_validation.available_memory())
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+    except (ImportError, ValueError):  # no Dask, or not in a worker: shards in-process
+        return avail, ""
+    limit = getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
+    if limit:
+        import psutil
+
+        avail = min(avail, float(limit) - psutil.Process().memory_info().rss)
+    return max(avail, 0.0), f" on worker {worker.address}"
+
+
+def _check_shard_memory(
+    method: str,
+    X: np.ndarray,
+    shard: TwoLayerReLU,
+    linear: bool,
+    options: dict[str, Any],
+    width: int,
+) -> None:
+    """One line, before the slice's set-up allocates, when the slice of ``shard.m``
+    neurons of a network of ``width`` does not fit in this worker's memory; it names the
+    width whose slices would fit."""
+    need = shard_need(method, X, shard, linear, options)
+    avail, where = _worker_available()
+    if need(shard.m) <= avail:
+        return
+    share = shard.m / width
+    fits = _validation.widest_fitting(lambda m: need(int(np.ceil(m * share))), width, avail)
+    _validation.check_memory(
+        need(shard.m),
+        f"a shard of {shard.m} neurons of method={method!r} at n={X.shape[0]}, m={width}, "
+        f"d={X.shape[1]}",
+        f"m={fits} would fit" if fits else "no width fits on this worker",
+        available=avail,
+        where=where,
+    )
+
+
 # ---------------------------------------------------------------------------------------
 # Where the shards live: Dask actors, or objects in this process
 # ---------------------------------------------------------------------------------------
@@ -301,12 +355,6 @@ class _InProcess:
         return [getattr(s, method)(*a) for s, a in zip(self.shards, args, strict=True)]
 
 
-def _slices(m: int, count: int) -> list[tuple[int, int]]:
-    """``count`` contiguous slices of ``m`` neurons, sizes differing by at most one."""
-    bounds = np.linspace(0, m, count + 1).round().astype(int)
-    return [(int(bounds[k]), int(bounds[k + 1])) for k in range(count)]
-
-
 def local_client(workers: int, threads: int = 1):
     """A ``LocalCluster`` of ``workers`` processes bound to 127.0.0.1 (no dashboard),
     each limited to ``threads`` threads (numba and BLAS included), and its client."""
@@ -320,7 +368,7 @@ def local_client(workers: int, threads: int = 1):
         "OMP_NUM_THREADS": limit,
         "OPENBLAS_NUM_THREADS": limit,
         "MKL_NUM_THREADS": limit,
-        "OPENBLAS_THREAD_TIMEOUT": "4",
+        "OPENBLAS_THREAD_TIMEOUT": OPENBLAS_THREAD_TIMEOUT,
     }
     cluster = LocalCluster(
         n_workers=workers,
@@ -362,6 +410,8 @@ def train_sharded(
     if shards is None:
         shards = len(client.scheduler_info()["workers"]) if client is not None else 1
     count = max(1, min(shards, model.m))
+    if client is None:  # every shard in this process: their sum must fit here
+        check_run_memory(method, X, model, run.sgd.linear, options, shards=count)
     pool = _Actors(client, count) if client is not None else _InProcess(count)
     slices = _slices(model.m, count)
     a = model.output_weights
@@ -374,7 +424,7 @@ def train_sharded(
     infos = pool.call(
         "prepare",
         [
-            (method, X, Y, W, a[s:e], model.b, model.m, options)
+            (method, X, Y, W, a[s:e], model.b, model.m, options, run.sgd.linear)
             for W, (s, e) in zip(rows, slices, strict=True)
         ],
     )

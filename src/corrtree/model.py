@@ -15,13 +15,14 @@ import numpy as np
 
 from . import _config, _philox, _validation
 from ._implicit import ImplicitWeights, StoredWeights, forward_rows
-from ._io import atomic_savez, digest_of
+from ._io import atomic_savez, atomic_write_npy, digest_of
 from ._validation import (
     as_matrix,
     check_memory,
     check_positive_int,
     check_real,
     check_shape_2d,
+    format_bytes,
     readonly,
     widest_fitting,
 )
@@ -175,9 +176,9 @@ class TwoLayerReLU:
         """Hidden weights, shape ``(m, d)`` (read-only view; use :meth:`set_weights`).
         An implicit model has no such array: see :meth:`weights`."""
         if self._W is None:
-            gib = 8.0 * self.m * self.d / 2**30
+            size = format_bytes(8.0 * self.m * self.d)
             raise AttributeError(
-                f"W: an implicit model stores no weight matrix (it would take {gib:.2f} GiB); "
+                f"W: an implicit model stores no weight matrix (it would take {size}); "
                 f"use model.weights(start, stop) for rows or model.to_explicit()"
             )
         return readonly(self._W)
@@ -218,23 +219,12 @@ class TwoLayerReLU:
 
     def export_weights(self, path: str | os.PathLike) -> None:
         """Write ``W`` to a ``.npy`` file (``np.load(path, mmap_mode="r")`` reads it by
-        rows) block by block, atomically, never holding more than a block."""
-        path = os.fspath(path)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        try:
-            out = np.lib.format.open_memmap(
-                tmp, mode="w+", dtype=np.float64, shape=(self.m, self.d)
-            )
-            block = self._row_block()
-            for s in range(0, self.m, block):
-                e = min(s + block, self.m)
-                out[s:e] = self.weights(s, e)
-            out.flush()
-            del out
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        rows) block by block, atomically, never holding more than a block.  A disk without
+        room for the ``8·m·d`` bytes is refused first (``OSError`` naming ``path``); one
+        that fills during the write leaves no file behind."""
+        block = self._row_block()
+        rows = (self.weights(s, min(s + block, self.m)) for s in range(0, self.m, block))
+        atomic_write_npy(path, (self.m, self.d), rows)
 
     def _row_block(self) -> int:
         return _config.block_rows(8 * self.d, self.m, _config.MODEL_BLOCK_BYTES)

@@ -30,7 +30,7 @@ from .._validation import available_memory
 from ..datasets import breast_cancer, digits, image_patches, sphere
 from ..model import TwoLayerReLU
 from ..training import train
-from ..training._train import choose_method
+from ..training._choice import choose_method
 from ._util import in_child, peak_rss_bytes, print_table, save_result, warm_kernels
 
 __all__ = ["SIZES", "WORKLOADS", "run"]

@@ -22,10 +22,11 @@ import math
 import time
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .. import _config
 from .._implicit import StoredWeights
+from .._jit import njit
 from ._pairs import materialize
 from ._pool import BETA, CNT, LEAF_ERR, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP, Pool
 from ._sparse import firing_csr

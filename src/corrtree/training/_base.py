@@ -130,6 +130,8 @@ class Trainer:
     #: whether the method reads ``W(0)`` by blocks of rows only (and so trains implicit
     #: models, :mod:`corrtree._implicit`); the others need the stored array
     implicit_ok = False
+    #: takes steps with momentum or weight decay (:class:`~.optim.LinearStep`)
+    linear_ok = True
 
     def _initial(self, model: TwoLayerReLU):
         """``W(0)`` as the method reads it: the model's rows source, or its array."""

@@ -6,9 +6,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .. import _config
+from .._jit import njit
 from ._pairs import (
     by_data,
     dot_row,

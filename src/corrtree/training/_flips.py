@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .. import _config
+from .._jit import njit
 from ._pool import NFIRE, START, SUPP
 
 __all__ = ["apply_flips", "apply_flips_by_rows", "flip_outputs", "flips_by_rows_cost", "new_h_cost"]

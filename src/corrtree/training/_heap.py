@@ -5,9 +5,9 @@ the order is deterministic."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from .. import _config
+from .._jit import njit
 from ._pool import KEY
 
 __all__ = ["heap_pop", "heap_push", "heapify", "pop_due", "push_all"]

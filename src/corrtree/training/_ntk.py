@@ -13,9 +13,10 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg
 import scipy.sparse.linalg
-from numba import njit, prange
+from numba import prange
 
 from .. import _config
+from .._jit import njit
 from ._sparse import transpose_csr
 
 __all__ = [

@@ -22,9 +22,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .. import _config
+from .._jit import njit
 from .._prefetch import prefetch2d
 from ._pool import BETA, CNT, DRIFT, MINKEY, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP
 

@@ -11,9 +11,10 @@ by the GEMM's error bound) are then float64 dot products, O(d) each.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .. import _config
+from .._jit import njit
 from ._anchors import (
     BandState,
     count_candidates,

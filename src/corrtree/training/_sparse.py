@@ -8,8 +8,9 @@ Fire sets are CSR pairs ``(indptr, idx)``: "r-major" has one row per neuron
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
+from .._jit import njit
 from ._pool import CNT, NFIRE, START
 
 __all__ = [

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import math
 import numbers
 import os
@@ -15,18 +14,25 @@ from typing import Any
 
 import numpy as np
 
-from .. import _config, _validation
+from .. import _config
 from .._io import remove_stale_temporaries
-from .._validation import as_matrix, check_memory, widest_fitting
+from .._validation import as_matrix
 from ..model import TwoLayerReLU, as_targets
 from ._base import Trainer
+from ._choice import (
+    alternatives,
+    check_method,
+    check_run_memory,
+    choose_method,
+    fitting,
+    runnable,
+)
 from ._loop import STOP_SIGNALS, Run, TrainingDiverged, check_divergence, check_eval_set
 from ._registry import DEVICE_TRAINERS, METHODS, TRAINERS
 from ._state import CheckpointError
 from ._warmup import WARM_METHODS, Warmup, ensure
 from .band import BandTrainer
 from .checkpoint import FORMAT, data_digest, load_checkpoint, read_manifest, save_checkpoint
-from .costs import coherence, estimate, fire_share, memory_need
 from .history import History
 from .optim import SGD
 
@@ -49,34 +55,6 @@ def _check_iters(iters: object, name: str = "iters") -> int:
     if isinstance(iters, bool) or not isinstance(iters, numbers.Integral) or int(iters) < 0:
         raise ValueError(f"{name} must be an integer >= 0, got {iters!r}")
     return int(iters)
-
-
-def choose_method(
-    X: np.ndarray, G: np.ndarray, model: TwoLayerReLU, iters: int, sgd: SGD | None = None
-) -> tuple[str, dict[str, float]]:
-    """The exact method with the smallest modelled run time (see :mod:`.costs`).
-
-    With mini-batches dense computes only the batch's products (its cost scales
-    with ``batch_size/n``) while the other methods keep every output: they cost
-    what a full-batch step costs; with momentum or weight decay the kernel
-    method takes the lazy method's step.  Returns the method and the modelled
-    seconds of each candidate.
-    """
-    n, d = X.shape
-    norms = np.linalg.norm(X, axis=1)
-    share = fire_share(norms, model.b)
-    band_share = fire_share(norms, model.b - _config.BAND)
-    coh = coherence(G)
-    costs = {
-        k: estimate(k, n, model.m, d, model.outputs, iters, share, band_share, coh)
-        for k in TRAINERS
-        if TRAINERS[k].implicit_ok or not getattr(model, "implicit", False)
-    }
-    if sgd is not None and sgd.batch_size is not None and "dense" in costs:
-        costs["dense"] *= min(1.0, sgd.batch_size / n)
-    if sgd is not None and sgd.linear:
-        costs["kernel"] = max(costs["kernel"], costs["lazy"])
-    return min(costs, key=costs.__getitem__), costs
 
 
 def train(
@@ -190,12 +168,14 @@ def train(
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
     if device is not None:
-        device, method = _check_device(device, method, model, client, shards)
-    if method != "auto":
-        _check_options(method, options, device)
-        _check_implicit(method, model)
+        device = _check_device(device, method, client, shards)
     lr = _check_lr(lr)
     sgd = SGD(batch_size, epochs, momentum, nesterov, weight_decay, schedule, shuffle_seed)
+    if method == "auto":
+        among = runnable(model, sgd, options, device is not None)
+    else:
+        check_method(method, model, sgd, options, device is not None)
+        among = alternatives(model, sgd, device is not None)
     if iters is not None and epochs is not None:
         raise ValueError("give iters or epochs, not both")
     if iters is None and epochs is not None:
@@ -231,8 +211,7 @@ def train(
 
                 meta["lr_auto"] = lr == "auto"
                 if method == "auto":  # the cost model of one process picks the method
-                    method = choose_method(X, X @ X.T, model, iters, sgd)[0]
-                    _check_options(method, options)
+                    method = choose_method(X, X @ X.T, model, iters, sgd, among)[0]
                 hist = train_sharded(
                     model,
                     X,
@@ -250,7 +229,18 @@ def train(
                 hist.info["lr_halvings"] = halvings
                 return hist
             trainer, hist = _make(
-                method, model, X, Y, rate, iters, options, halvings, lr == "auto", sgd, device
+                method,
+                among,
+                model,
+                X,
+                Y,
+                rate,
+                iters,
+                options,
+                halvings,
+                lr == "auto",
+                sgd,
+                device,
             )
             return _run(model, trainer, hist, meta, callback, checkpoint, Run(sgd, eval_set))
         except TrainingDiverged as exc:
@@ -260,24 +250,35 @@ def train(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def warmup(methods: Iterable[str] = WARM_METHODS) -> Warmup:
-    """Compile (or load from numba's cache) the kernels of ``methods`` now, for
-    full-batch and mini-batch steps, so that later runs start at once; :func:`train`
-    does it for its own method before its clock starts (``corrtree/training/_warmup.py``).
+def warmup(methods: str | Iterable[str] = WARM_METHODS) -> Warmup:
+    """Compile (or load from numba's cache) the kernels of ``methods`` (a method's name,
+    or several) now, for full-batch and mini-batch steps, so that later runs start at
+    once; :func:`train` does it for its own method before its clock starts
+    (``corrtree/training/_warmup.py``).  Every name is checked before anything compiles.
     Returns the total time and the number of functions compiled (0: all from the cache).
 
     Examples
     --------
     >>> import corrtree as ct
-    >>> ct.warmup(["dense"]).seconds >= 0
+    >>> ct.warmup("dense").seconds >= 0
     True
     """
-    seconds, compiled = 0.0, 0
-    for method in methods:
+    names = [methods] if isinstance(methods, str) else methods
+    try:
+        names = list(dict.fromkeys(names))
+    except TypeError:
+        raise ValueError(
+            f"methods must be a method's name or a sequence of them, got {methods!r}"
+        ) from None
+    if not names:
+        raise ValueError(f"methods names no method; give one or more of {', '.join(WARM_METHODS)}")
+    for method in names:
         if method not in WARM_METHODS:
             raise ValueError(
                 f"methods: each must be one of {', '.join(WARM_METHODS)}; got {method!r}"
             )
+    seconds, compiled = 0.0, 0
+    for method in names:
         for linear in (False, True):
             took = ensure(train, method, linear, implicit=method in ("lazy", "kernel"))
             seconds += took.seconds
@@ -285,25 +286,9 @@ def warmup(methods: Iterable[str] = WARM_METHODS) -> Warmup:
     return Warmup(seconds, compiled)
 
 
-def method_options(method: str, on_device: bool = False) -> tuple[str, ...]:
-    """The options (``**options`` of :func:`train`) a method's trainer accepts: the
-    parameters of its ``_prepare`` (where one forwards ``**options``, its parent's), less
-    the private ones, which only the tests use (``on_device``: the array path's trainer,
-    whose ``device`` is :func:`train`'s own argument)."""
-    accepted: list[str] = []
-    for cls in (DEVICE_TRAINERS if on_device else TRAINERS)[method].__mro__:
-        if "_prepare" not in vars(cls):
-            continue
-        params = list(inspect.signature(vars(cls)["_prepare"]).parameters.values())[2:]
-        accepted += [p.name for p in params if p.kind is not p.VAR_KEYWORD and p.name != "device"]
-        if not any(p.kind is p.VAR_KEYWORD for p in params):
-            break
-    return tuple(accepted)
-
-
-def _check_device(device: Any, method: str, model: TwoLayerReLU, client: Any, shards: Any):
-    """The device (resolved) and the method of a run with ``device=``, or one line saying
-    why it cannot run there."""
+def _check_device(device: Any, method: str, client: Any, shards: Any):
+    """The device of a run with ``device=`` (resolved), or one line saying why the run
+    cannot go there."""
     from .._device import resolve
 
     dev = resolve(device)
@@ -315,75 +300,12 @@ def _check_device(device: Any, method: str, model: TwoLayerReLU, client: Any, sh
             f"method={method!r} has no device path; on a device use method={on} "
             f"(or device=None for the CPU trainers)"
         )
-    if method != "auto" and model.implicit and not DEVICE_TRAINERS[method].implicit_ok:
-        raise ValueError(
-            f"method={method!r} on a device needs the stored weight matrix; an implicit "
-            f"model trains there with method='lazy' or 'kernel'"
-        )
-    return dev, method
-
-
-def _check_options(method: str, options: dict[str, Any], device: Any = None) -> None:
-    """One line naming an option that ``method`` does not take, and those it does."""
-    accepted = method_options(method, device is not None)
-    for name in options:
-        if name not in accepted:
-            public = [k for k in accepted if not k.startswith("_")]
-            known = ", ".join(public) if public else "none"
-            raise TypeError(
-                f"train() got an unknown option {name!r} for method={method!r}; "
-                f"the options of method={method!r} are: {known}"
-            )
-
-
-def _check_implicit(method: str, model: TwoLayerReLU) -> None:
-    """One line when ``method`` cannot train ``model`` because it is implicit."""
-    if model.implicit and not TRAINERS[method].implicit_ok:
-        able = [k for k in TRAINERS if TRAINERS[k].implicit_ok]
-        raise ValueError(
-            f"method={method!r} needs the stored weight matrix; an implicit model trains "
-            f"with method={' or '.join(map(repr, able))} (or convert it: model.to_explicit())"
-        )
-
-
-def _check_run_memory(
-    method: str, X: np.ndarray, model: TwoLayerReLU, linear: bool, options: dict[str, Any]
-) -> None:
-    """One line before any large allocation when a run of ``method`` would not fit in
-    available memory (:func:`~.costs.memory_need`), naming the widths and methods that
-    would."""
-    n, d = X.shape
-    band = options.get("band")
-    if isinstance(band, bool) or not isinstance(band, numbers.Real) or not band >= 0:
-        band = _config.BAND  # the trainer names a bad band itself
-    band_share = fire_share(np.linalg.norm(X, axis=1), model.b - band)
-
-    def need(meth: str, m: int) -> float:
-        return memory_need(meth, n, m, d, model.outputs, band_share, linear, model.implicit)
-
-    free = _validation.available_memory()
-    if need(method, model.m) <= free:
-        return
-    others = [
-        k
-        for k in TRAINERS
-        if k != method
-        and need(k, model.m) <= free
-        and (TRAINERS[k].implicit_ok or not model.implicit)
-    ]
-    stored = 0 if model.implicit else d  # the model's own W, per neuron
-    width = widest_fitting(lambda m: need(method, m) + 8.0 * m * (stored + model.outputs), model.m)
-    hints = [f"m={width} would fit"] if width else []
-    hints += [f"method={k!r} would fit" for k in others]
-    check_memory(
-        need(method, model.m),
-        f"method={method!r} at n={n}, m={model.m}, d={d}",
-        " or ".join(hints) if hints else "no method fits at this width",
-    )
+    return dev
 
 
 def _make(
     method: str,
+    among: list[str],
     model: TwoLayerReLU,
     X: np.ndarray,
     Y: np.ndarray,
@@ -395,22 +317,26 @@ def _make(
     sgd: SGD,
     device: Any = None,
 ) -> tuple[Trainer, History]:
-    """The trainer of a one-process run (preprocessing, ``lr``) and its empty History."""
+    """The trainer of a one-process run (preprocessing, ``lr``) and its empty History;
+    ``among``: the methods ``"auto"`` may choose (:func:`~._choice.runnable`)."""
     t0 = time.perf_counter()
     info: dict[str, Any] = {}
     G = X @ X.T
     calibration = 0.0
-    if method == "auto" and device is None:
-        method, info["costs"] = choose_method(X, G, model, iters, sgd)
-        info["auto"] = True
-    elif method == "auto":
-        from .device_costs import choose_device_method
+    if method == "auto":  # the cheapest of those that fit
+        fit = fitting(among, X, model, sgd.linear, options, device)
+        if device is None:
+            method, info["costs"] = choose_method(X, G, model, iters, sgd, fit)
+        else:
+            from .device_costs import choose_device_method
 
-        method, info["costs"], calibration = choose_device_method(X, G, model, iters, sgd, device)
-        info["auto"], info["calibration_s"] = True, calibration
-    _check_options(method, options, device)
+            method, info["costs"], calibration = choose_device_method(
+                X, G, model, iters, sgd, device, fit
+            )
+            info["calibration_s"] = calibration
+        info["auto"] = True
+    check_run_memory(method, X, model, sgd.linear, options, device, candidates=among)
     if device is None:
-        _check_run_memory(method, X, model, sgd.linear, options)
         # the one-time loading (or compiling) of the method's kernels is not part of the run
         took = ensure(train, method, sgd.linear, model.implicit)
         trainer = TRAINERS[method](model, X, Y, G, lr, **options)

@@ -7,9 +7,10 @@ import math
 from collections import namedtuple
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .. import _config
+from .._jit import njit
 from ._clocks import entry_key, heap_key, sigma_of
 from ._pairs import (
     by_data,

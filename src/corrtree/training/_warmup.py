@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .. import _jit
 from ..datasets import sphere
 from ..model import TwoLayerReLU
 from . import _flips, _heap, _ntk
@@ -147,23 +148,54 @@ def _helper(method: str) -> None:
     trainer._reanchor(np.arange(model.m, dtype=np.int64))
 
 
+#: The helper's first lines, before anything slow is imported: a thread that ends the
+#: process once its standard input closes, which happens when the process that started
+#: it ends, however it ends (an exception, a signal, SIGKILL), or when it lets go.
+_HELPER_CODE = (
+    "import os, sys, threading\n"
+    "threading.Thread(target=lambda: (sys.stdin.buffer.read(), os._exit(0)), daemon=True).start()\n"
+    "from corrtree.training._warmup import _helper\n"
+    "_helper({method!r})\n"
+)
+
+
 def _start_helper(method: str) -> subprocess.Popen | None:
-    """A process running :func:`_helper` (``None`` on one core or where processes cannot
-    be started): numba compiles on one thread, so two processes compile a method's
-    kernels sooner.  A plain interpreter, not ``multiprocessing``, whose ``spawn`` would
-    run the caller's main script again."""
-    if method not in ("lazy", "kernel") or (os.cpu_count() or 1) < 2:
+    """A process running :func:`_helper` (``None`` on one core, without a cache to fill,
+    or where processes cannot be started): numba compiles on one thread, so two processes
+    compile a method's kernels sooner.  A plain interpreter, not ``multiprocessing``,
+    whose ``spawn`` would run the caller's main script again; in a session of its own, so
+    that a terminal's Ctrl-C reaches only the caller, which ends it
+    (:func:`_end_helper`).  It never outlives the caller: it exits when its standard
+    input, a pipe only the caller holds, closes."""
+    if method not in ("lazy", "kernel") or (os.cpu_count() or 1) < 2 or _jit.uncached:
         return None
-    code = f"from corrtree.training._warmup import _helper; _helper({method!r})"
     try:
         return subprocess.Popen(
-            [sys.executable, "-c", code],
-            stdin=subprocess.DEVNULL,
+            [sys.executable, "-c", _HELPER_CODE.format(method=method)],
+            stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
     except OSError:  # no processes here: compile alone
         return None
+
+
+def _end_helper(proc: subprocess.Popen, wait: float) -> None:
+    """Give the helper ``wait`` seconds to finish writing, then end it.  Its pipe is
+    closed first thing in the ``finally``, so that it exits even if a second interrupt
+    stops this function before the kill."""
+    try:
+        if wait > 0:
+            proc.wait(wait)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
 
 
 def _implicit_runs(train: Callable[..., Any], method: str, linear: bool) -> None:
@@ -206,7 +238,15 @@ def _ensure(train: Callable[..., Any], method: str, linear: bool, implicit: bool
     helper = []
 
     def first_compile() -> None:
-        logger.info("compiling the kernels of method=%r, once per install ...", method)
+        if _jit.uncached:
+            logger.warning(
+                "no writable cache folder (NUMBA_CACHE_DIR, the package folder and the "
+                "home folder are read-only): compiling the kernels of method=%r in memory, "
+                "for this process only; set NUMBA_CACHE_DIR to a writable folder to keep them",
+                method,
+            )
+        else:
+            logger.info("compiling the kernels of method=%r, once per install ...", method)
         helper.append(_start_helper(method))
 
     t0 = time.perf_counter()
@@ -214,14 +254,15 @@ def _ensure(train: Callable[..., Any], method: str, linear: bool, implicit: bool
     try:
         with _CompileCounter(first_compile) as count:
             (_implicit_runs if implicit else _tiny_runs)(train, method, linear)
-    finally:
+    except BaseException:  # an interrupt, or an error: the helper goes at once
         _busy = False
         for proc in helper:
             if proc is not None:
-                try:
-                    proc.wait(_HELPER_WAIT)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+                _end_helper(proc, 0.0)
+        raise
+    _busy = False
+    for proc in helper:
+        if proc is not None:
+            _end_helper(proc, _HELPER_WAIT)
     _warm.add(key)
     return Warmup(time.perf_counter() - t0, count[0])

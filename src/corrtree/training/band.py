@@ -10,10 +10,11 @@ from itertools import pairwise
 from typing import Any
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .. import _config
 from .._implicit import ImplicitWeights
+from .._jit import njit
 from .._validation import available_memory
 from ._anchors import BandState
 from ._base import Trainer

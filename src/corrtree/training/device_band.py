@@ -94,6 +94,7 @@ class DeviceBand(Trainer):
     subclass keeps the coefficients its own way (:meth:`_coef`)."""
 
     implicit_ok = True  # W(0) is read by rows: regenerated on the device
+    linear_ok = False  # plain gradient steps only (no momentum or weight decay yet)
     #: its state is its own (not the CPU trainers'): it resumes on a device only
     ARRAY_STATE = True
     device: Any = None
@@ -101,8 +102,21 @@ class DeviceBand(Trainer):
     #: memory check of :meth:`_bind_device`
     PLACE_BYTES = 41.0
 
-    def _fixed_bytes(self, n: int, K: int) -> float:
+    @classmethod
+    def _fixed_bytes(cls, n: int, K: int) -> float:
         return 0.0
+
+    @classmethod
+    def device_need(
+        cls, n: int, m: int, d: int, K: int, band_share: float, implicit: bool, linear: bool
+    ) -> float:
+        """Modelled device bytes of a run: ``W(0)`` (explicit models), ``G``, ``X``, and
+        the padded rows at about twice the mean band (the widest row sets the padding;
+        ``band_share``: the share of pairs in the band at the start)."""
+        places = 2.0 * n * band_share + 8.0
+        stored = 0 if implicit else m * d
+        need = 8.0 * (stored + (n + 1) ** 2 + (n + 1) * d) + cls.PLACE_BYTES * m * places
+        return need + cls._fixed_bytes(n, K)
 
     def _bind_device(self, W0: np.ndarray | ImplicitWeights, band: float) -> None:
         import torch
@@ -111,13 +125,11 @@ class DeviceBand(Trainer):
         dev = self.device
         n, d = self.X.shape
         self.n, self.band = n, band
-        # W(0), G, X, and the padded rows at about twice the mean band: the widest row
-        # sets the padding
         norms = np.sqrt(np.einsum("ij,ij->i", self.X, self.X))
-        places = 2.0 * n * fire_share(norms, self.b - band) + 8.0
-        stored = 0 if isinstance(W0, ImplicitWeights) else self.m * d
-        need = 8.0 * (stored + (n + 1) ** 2 + (n + 1) * d) + self.PLACE_BYTES * self.m * places
-        need += self._fixed_bytes(n, self.a.shape[1])
+        share = fire_share(norms, self.b - band)
+        need = self.device_need(
+            n, self.m, d, self.a.shape[1], share, isinstance(W0, ImplicitWeights), False
+        )
         check_device_memory(need, dev, f"method={self.name!r} at m={self.m}, n={n}, d={d} on {dev}")
         host = np.zeros((n + 1, d))
         host[:n] = self.X

@@ -124,12 +124,17 @@ def estimate_device(
 
 
 def choose_device_method(
-    X: np.ndarray, G: np.ndarray, model: Any, iters: int, sgd: Any, dev
+    X: np.ndarray,
+    G: np.ndarray,
+    model: Any,
+    iters: int,
+    sgd: Any,
+    dev,
+    among: list[str],
 ) -> tuple[str, dict[str, float], float]:
-    """The device method with the smallest modelled run time: among those that take the
-    model (an implicit one: lazy and kernel) and the steps (momentum or weight decay:
-    dense).  Returns it, the modelled seconds of each, and the calibration's seconds."""
-    from ._registry import DEVICE_TRAINERS
+    """The device method of ``among`` (those that take the model, the steps and the
+    options: :func:`~._choice.runnable`) with the smallest modelled run time.  Returns
+    it, the modelled seconds of each, and the calibration's seconds."""
     from .costs import coherence, fire_share
 
     rates = calibrate(dev)
@@ -141,8 +146,7 @@ def choose_device_method(
     free = free_bytes(dev)
     costs = {
         k: estimate_device(k, n, model.m, d, model.outputs, iters, q, q_band, coh, rates, free)
-        for k, cls in DEVICE_TRAINERS.items()
-        if (cls.implicit_ok or not model.implicit) and (k == "dense" or not sgd.linear)
+        for k in among
     }
     if sgd.batch_size is not None and "dense" in costs:
         costs["dense"] *= min(1.0, sgd.batch_size / n)

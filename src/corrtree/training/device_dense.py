@@ -46,6 +46,14 @@ class DeviceDenseTrainer(Trainer):
     SCHEMA = DenseTrainer.SCHEMA
     device: Any = None
 
+    @classmethod
+    def device_need(
+        cls, n: int, m: int, d: int, K: int, band_share: float, implicit: bool, linear: bool
+    ) -> float:
+        """Modelled resident device bytes of a run: ``W`` (twice with momentum buffers),
+        ``X`` and the fire mask."""
+        return 8.0 * m * d * (2 if linear else 1) + 8.0 * n * d + m * n
+
     def _prepare(self, W0: np.ndarray, device: Any = None, block: int | str = "auto") -> None:
         import torch
 
@@ -59,7 +67,7 @@ class DeviceDenseTrainer(Trainer):
         dev = self.device
         n, d = self.X.shape
         per_row = 9.0 * n + 8.0 * d  # products (then coefficients), mask, gradient
-        resident = 8.0 * self.m * d * (2 if vel is not None else 1) + 8.0 * n * d + self.m * n
+        resident = self.device_need(n, self.m, d, 1, 0.0, False, vel is not None)
         check_device_memory(resident, dev, f"method='dense' at m={self.m}, d={d} on {dev}")
         if block == "auto":
             block = int(max(1, min(self.m, _BLOCK_SHARE * free_bytes(dev) // per_row)))

@@ -81,7 +81,8 @@ class DeviceKernelTrainer(DeviceBand):
     # J, uref, cref, κ, F, key, and the visits' gathers
     PLACE_BYTES = 49.0 + 24.0
 
-    def _fixed_bytes(self, n: int, K: int) -> float:
+    @classmethod
+    def _fixed_bytes(cls, n: int, K: int) -> float:
         return 20.0 * (n * K) ** 2  # N, H, and a float32 count matrix while N is built
 
     def _prepare(self, W0: np.ndarray, device: Any = None, band: float | None = None) -> None:
