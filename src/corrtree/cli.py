@@ -604,6 +604,10 @@ def _stop_while_compiling(signum: int) -> None:
     step, and every file is written atomically); a compilation helper exits with this
     process (its pipe closes)."""
     what = "terminated" if signum == signal.SIGTERM else "interrupted"
+    with contextlib.suppress(OSError, ValueError):
+        if sys.stdout.isatty():  # the progress bar hid the cursor
+            sys.stdout.write("\x1b[?25h")
+            sys.stdout.flush()
     sys.stderr.write(
         f"corrtree: {what} while compiling the kernels; files on disk are as they were\n"
     )
