@@ -107,6 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="training method (default auto: cheapest by the cost model)",
     )
     p.add_argument(
+        "--loss",
+        choices=("squared", "logistic", "cross_entropy"),
+        default="squared",
+        help="training loss (default squared, the paper's): logistic for two classes, "
+        "cross_entropy (softmax) for classes; with two classes cross_entropy trains the "
+        "logistic loss of one output",
+    )
+    p.add_argument(
         "--device",
         default=None,
         help="train on this torch device (cuda, cuda:1, cpu, ...; needs corrtree[gpu]); "

@@ -57,6 +57,7 @@ def write_outputs(
         "width_m": hist.m,
         "outputs": hist.outputs,
         "method": hist.method,
+        "loss": hist.info.get("loss", "squared"),
         "lr": hist.lr,
         "iterations": len(hist),
         "initial_loss": hist.loss[0] if len(hist) else float("nan"),
@@ -180,8 +181,17 @@ def _new_run(args: argparse.Namespace, out: Path, run_id: str) -> int:
             lr_retries=_config.LR_RETRIES if lr == "auto" else 0,
             client=client,
             device=args.device,
+            loss=_loss_for(args.loss, ds),
         )
     return _finish(out, model, hist, ds, run, {})
+
+
+def _loss_for(loss: str, ds: datasets.Dataset) -> str:
+    """``--loss`` for the data: cross-entropy of two classes is the logistic loss of their
+    one output (±1 labels); a classification loss needs classes."""
+    if loss != "squared" and ds.task == "regression":
+        raise CliError(f"--loss {loss} needs class labels; {ds.name} is a regression task")
+    return "logistic" if loss == "cross_entropy" and ds.outputs == 1 else loss
 
 
 def _recording(

@@ -441,7 +441,7 @@ def train_sharded(
 
             v0 = warm_start(X.shape[0], model.outputs, summed("sample_matvec"), summed("ritz"))
             lam = top_eigenvalue(order, summed("matvec"), v0=v0)
-        lr = lr_from_lambda(lam)
+        lr = lr_from_lambda(lam, run.loss.curvature)
     info = {
         **infos[0],
         "lr_s": time.perf_counter() - t_lr,
@@ -584,9 +584,7 @@ def _drive(model, X, Y, pool, slices, parts, hist, meta, callback, checkpoint, r
                 raise KeyboardInterrupt(
                     f"interrupted after iteration {t}; state saved to {checkpoint}"
                 )
-        hist.final_loss = 0.5 * float(
-            np.sum((sum(pool.call("final_outputs", [()] * count)) - Y) ** 2)
-        )
+        hist.final_loss = run.loss.value(sum(pool.call("final_outputs", [()] * count)), Y)
         check_divergence(hist, hist.lr, meta["patience"])
         _gather_weights(model, X, pool, slices)
     except WorkerLost as exc:

@@ -348,12 +348,17 @@ class TwoLayerReLU:
         out, _ = self._forward(self.check_X(X))
         return out[:, 0] if self._squeeze else out
 
-    def loss(self, X: np.ndarray, y: np.ndarray) -> float:
-        """``½ Σ_i ||f(x_i) - y_i||²``."""
+    def loss(self, X: np.ndarray, y: np.ndarray, loss: str = "squared") -> float:
+        """The training loss ``loss`` at ``(X, y)``, summed over the points: ``½ Σ_i
+        ||f(x_i) - y_i||²`` for ``"squared"``; ``"logistic"`` and ``"cross_entropy"`` as
+        :func:`corrtree.train` takes them (:mod:`corrtree.training.losses`)."""
+        from .training.losses import get_loss
+
+        chosen = get_loss(loss)
         X = self.check_X(X)
-        Y = as_targets(y, X.shape[0], self.outputs)
+        Y = chosen.targets(y, X.shape[0], self.outputs, training=False)
         out, _ = self._forward(X)
-        return 0.5 * float(np.sum((out - Y) ** 2))
+        return chosen.value(out, Y)
 
     def fire_counts(self, X: np.ndarray) -> np.ndarray:
         """``k_i = |{r : <w_r, x_i> >= b}|`` for every data point, int64 shape ``(n,)``."""

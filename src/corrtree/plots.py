@@ -55,7 +55,7 @@ def training_figures(history: History, out_dir: str | os.PathLike) -> dict[str, 
     loss = np.asarray([*history.loss, history.final_loss])
     ax.semilogy(np.arange(len(loss)), np.maximum(loss, 1e-300), "o-", ms=3)
     ax.set_xlabel("iteration t")
-    ax.set_ylabel("loss ½ Σ ||f(x_i) - y_i||²")
+    ax.set_ylabel(f"loss {loss_label(history)}")
     ax.set_title(f"Training loss ({title})", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     paths["loss"] = _save(fig, out / "loss.png", plt)
@@ -106,6 +106,19 @@ def training_figures(history: History, out_dir: str | os.PathLike) -> dict[str, 
     return paths
 
 
+#: How each loss is written on the figures' axes.
+LOSS_LABELS = {
+    "squared": "½ Σ ||f(x_i) - y_i||²",
+    "logistic": "Σ log(1 + e^f(x_i)) − y_i f(x_i) (logistic)",
+    "cross_entropy": "Σ −log softmax(f(x_i))_{y_i} (cross-entropy)",
+}
+
+
+def loss_label(history: History) -> str:
+    """The formula of the loss a run trained (``History.info["loss"]``)."""
+    return LOSS_LABELS.get(history.info.get("loss", "squared"), history.info.get("loss", ""))
+
+
 def _epoch_figure(history: History, out: Path, title: str, plt) -> Path:
     """Mini-batch runs: the loss of each step's batch and, after every epoch, the loss
     on all training points and on the held-out data (per point, so the three compare);
@@ -122,7 +135,7 @@ def _epoch_figure(history: History, out: Path, title: str, plt) -> Path:
     if np.isfinite(test).any() and "test_points" in history.info:
         ax.semilogy(ends, test / history.info["test_points"], "s-", label="held-out (epoch)")
     ax.set_xlabel("step")
-    ax.set_ylabel("loss per point ½ ||f(x) - y||²")
+    ax.set_ylabel(f"loss per point ({history.info.get('loss', 'squared')})")
     ax.set_title(f"SGD loss ({title})", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)

@@ -10,6 +10,7 @@ import numbers
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.preprocessing import LabelBinarizer
+from sklearn.utils.metaestimators import available_if
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
@@ -17,6 +18,7 @@ from . import _config
 from .model import TwoLayerReLU
 from .preprocessing import InputTransform
 from .training import History, train
+from .training.losses import get_loss
 
 __all__ = ["CorrTreeClassifier", "CorrTreeRegressor"]
 
@@ -60,7 +62,7 @@ class _CorrTreeBase(BaseEstimator):
         self.implicit = implicit
         self.device = device
 
-    def _fit(self, X: np.ndarray, Y: np.ndarray) -> None:
+    def _fit(self, X: np.ndarray, Y: np.ndarray, loss: str = "squared") -> None:
         if (
             isinstance(self.width, bool)
             or not isinstance(self.width, numbers.Integral)
@@ -100,6 +102,7 @@ class _CorrTreeBase(BaseEstimator):
             schedule=self.schedule,
             shuffle_seed=int(seed),
             device=self.device,
+            loss=loss,
         )
         self.n_iter_ = len(self.history_)
 
@@ -172,31 +175,112 @@ class CorrTreeRegressor(RegressorMixin, _CorrTreeBase):
 
 
 class CorrTreeClassifier(ClassifierMixin, _CorrTreeBase):
-    """Classification with 2NN(m, b): targets ±1 (two classes) or one-hot (more).
+    """Classification with 2NN(m, b) trained by exact gradient descent on a
+    classification loss, with class probabilities.
 
-    The network is trained on the ℓ2 loss like the regressor (the paper's
-    model); the predicted class is the sign of the output, or its largest
-    output.  Parameters and attributes as :class:`CorrTreeRegressor`, plus
-    ``classes_``.
+    Parameters as :class:`CorrTreeRegressor`, plus:
+
+    loss : {"cross_entropy", "logistic", "squared"}, default "cross_entropy"
+        ``"cross_entropy"``: softmax over one output per class (for two classes, the
+        same model with one output: the logistic loss); ``"logistic"``: two classes
+        only, one output; ``"squared"``: the paper's ℓ2 loss on ±1 (two classes) or
+        one-hot (more) targets, without probabilities.  ``lr="auto"`` takes the loss's
+        curvature into account (:func:`corrtree.train`).
+
+    Attributes as :class:`CorrTreeRegressor`, plus ``classes_``.  ``predict_proba``
+    and ``predict_log_proba`` exist for the probabilistic losses.
     """
 
+    def __init__(
+        self,
+        width: int = 4096,
+        method: str = "auto",
+        lr: float | str = "auto",
+        iters: int = 100,
+        threshold: float | None = None,
+        normalize: bool = True,
+        standardize: bool = True,
+        random_state: int | None = None,
+        batch_size: int | None = None,
+        epochs: int | None = None,
+        momentum: float = 0.0,
+        nesterov: bool = False,
+        weight_decay: float = 0.0,
+        schedule: str | None = None,
+        implicit: bool = False,
+        device: str | None = None,
+        loss: str = "cross_entropy",
+    ) -> None:
+        super().__init__(
+            width=width,
+            method=method,
+            lr=lr,
+            iters=iters,
+            threshold=threshold,
+            normalize=normalize,
+            standardize=standardize,
+            random_state=random_state,
+            batch_size=batch_size,
+            epochs=epochs,
+            momentum=momentum,
+            nesterov=nesterov,
+            weight_decay=weight_decay,
+            schedule=schedule,
+            implicit=implicit,
+            device=device,
+        )
+        self.loss = loss
+
     def fit(self, X: np.ndarray, y: np.ndarray) -> CorrTreeClassifier:
+        if self.loss not in ("cross_entropy", "logistic", "squared"):
+            raise ValueError(
+                f"loss must be 'cross_entropy', 'logistic' or 'squared'; got {self.loss!r}"
+            )
         X, y = validate_data(self, X, y, dtype=np.float64)
         check_classification_targets(y)
-        self._binarizer = LabelBinarizer(neg_label=-1, pos_label=1).fit(y)
-        self.classes_ = self._binarizer.classes_
+        self.classes_, codes = np.unique(y, return_inverse=True)
         if len(self.classes_) < 2:
             raise ValueError("CorrTreeClassifier needs at least 2 classes in y; got one class")
-        self._fit(X, self._binarizer.transform(y).astype(np.float64))
+        two = len(self.classes_) == 2
+        if self.loss == "logistic" and not two:
+            raise ValueError(
+                f"loss='logistic' takes two classes; y has {len(self.classes_)}: "
+                "use loss='cross_entropy'"
+            )
+        if self.loss == "squared":
+            self._loss = "squared"
+            targets = LabelBinarizer(neg_label=-1, pos_label=1).fit_transform(y)
+        elif two:  # cross-entropy of two classes: the logistic loss of one output
+            self._loss, targets = "logistic", codes[:, None]
+        else:
+            self._loss = "cross_entropy"
+            targets = np.eye(len(self.classes_))[codes]
+        self._fit(X, np.asarray(targets, dtype=np.float64), self._loss)
         return self
 
     def decision_function(self, X: np.ndarray) -> np.ndarray:
-        """Network outputs: shape ``(n,)`` for two classes, ``(n, K)`` otherwise."""
+        """Network outputs: shape ``(n,)`` for two classes (the logit of the second
+        class, or the ±1 regression), ``(n, K)`` otherwise."""
         out = self._outputs(X)
         return out[:, 0] if len(self.classes_) == 2 else out
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         scores = self.decision_function(X)
         if scores.ndim == 1:
-            return self.classes_[(scores >= 0).astype(int)]
+            return self.classes_[(scores > 0).astype(int)]
         return self.classes_[np.argmax(scores, axis=1)]
+
+    @available_if(lambda est: est.loss != "squared")
+    def predict_proba(self, X: np.ndarray) -> np.ndarray:
+        """Class probabilities, ``(n, len(classes_))``: ``softmax`` of the outputs
+        (cross-entropy), ``[1 − σ(u), σ(u)]`` of the one output (two classes)."""
+        return get_loss(self._loss).probabilities(self._outputs(X))
+
+    @available_if(lambda est: est.loss != "squared")
+    def predict_log_proba(self, X: np.ndarray) -> np.ndarray:
+        """``log`` of :meth:`predict_proba`, computed without underflow."""
+        u = self._outputs(X)
+        if self._loss == "logistic":
+            return np.stack([-np.logaddexp(0.0, u[:, 0]), -np.logaddexp(0.0, -u[:, 0])], axis=1)
+        top = u.max(axis=1, keepdims=True)
+        return u - top - np.log(np.exp(u - top).sum(axis=1, keepdims=True))

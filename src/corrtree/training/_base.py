@@ -26,6 +26,7 @@ from ..model import TwoLayerReLU
 from ._ntk import formed_is_used, lambda_max, lr_from_lambda
 from ._sparse import count_changed, stepped_rows
 from ._state import Field, Schema, check_csr, fail
+from .losses import LOSSES, Loss
 from .optim import LinearStep, explicit_update
 
 __all__ = ["Prepared", "Timer", "Trainer", "TreeTrainer", "previous_fire", "tree_schema"]
@@ -73,13 +74,18 @@ class Trainer:
     G : ndarray
         ``X Xᵀ``.
     lr : float or "auto"
-        Learning rate; ``"auto"`` is ``1/λ_max`` of the NTK matrix of the
-        initial fire sets (:func:`._ntk.lambda_max`).
+        Learning rate; ``"auto"`` is ``1/(c·λ_max)`` with ``λ_max`` of the NTK matrix of
+        the initial fire sets (:func:`._ntk.lambda_max`) and ``c`` the loss's curvature.
+    loss : Loss
+        The training loss (:mod:`.losses`): the trainer takes its errors from the run
+        loop; it reads the loss for ``lr="auto"`` and :meth:`final_loss`.
     **options
         Method options, passed to :meth:`_prepare`.
     """
 
     name = ""
+    #: the run's loss (:mod:`.losses`; a restored or sharded trainer is given its run's)
+    loss: Loss = LOSSES["squared"]
 
     def __init__(
         self,
@@ -88,14 +94,16 @@ class Trainer:
         Y: np.ndarray,
         G: np.ndarray,
         lr: float | str,
+        loss: Loss = LOSSES["squared"],
         **options: Any,
     ) -> None:
         self._bind(model, X, Y, G)
+        self.loss = loss
         self._prepare(self._initial(model), **options)
         lr_s = 0.0
         if lr == "auto":
             lam, lr_s = self._top_eigenvalue(G, X)
-            lr = lr_from_lambda(lam)
+            lr = lr_from_lambda(lam, loss.curvature)
         self.info["lr_s"] = lr_s
         self._begin(lr)
 
@@ -248,7 +256,7 @@ class Trainer:
 
     def final_loss(self) -> float:
         """Loss at the current weights (after the last step)."""
-        loss = self._loss(self.outputs())[1]
+        loss = self.loss.value(self.outputs(), self.Y)
         self.timer.pop()
         return loss
 
@@ -274,10 +282,6 @@ class Trainer:
         return out * self.scale
 
     # -- shared helpers ---------------------------------------------------------------
-    def _loss(self, u: np.ndarray) -> tuple[np.ndarray, float]:
-        err = u - self.Y
-        return err, 0.5 * float(np.einsum("ik,ik->", err, err))
-
     def _row(
         self,
         fired_pairs: int,

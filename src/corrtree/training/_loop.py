@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 
 from .. import _config
-from ..model import TwoLayerReLU, as_targets
+from ..model import TwoLayerReLU
 from ._state import CheckpointError
 from .history import History
+from .losses import LOSSES, Loss
 from .optim import SGD, Optimizer
 
 __all__ = ["STOP_SIGNALS", "Run", "TrainingDiverged", "check_divergence", "check_eval_set"]
@@ -42,15 +43,21 @@ class Run:
     """The optimizer of a run and its held-out data: what the one-process loop and
     the sharded one (:mod:`corrtree.distributed`) share."""
 
-    def __init__(self, sgd: SGD, eval_set: tuple[np.ndarray, np.ndarray] | None) -> None:
-        self.sgd, self.eval_set = sgd, eval_set
+    def __init__(
+        self,
+        sgd: SGD,
+        eval_set: tuple[np.ndarray, np.ndarray] | None,
+        loss: Loss = LOSSES["squared"],
+    ) -> None:
+        self.sgd, self.eval_set, self.loss = sgd, eval_set, loss
 
     def start(self, model: TwoLayerReLU, hist: History, meta: dict[str, Any], n: int) -> Optimizer:
         """The :class:`Optimizer` at step ``len(hist)`` (its state from ``meta`` on resume)."""
         if self.eval_set is not None:
-            self.eval_set = check_eval_set(model, self.eval_set)
+            self.eval_set = check_eval_set(model, self.eval_set, self.loss)
             hist.info["test_points"] = self.eval_set[0].shape[0]
-        self.opt = Optimizer(self.sgd, n, hist.lr, meta["iters"])
+        hist.info["loss"] = self.loss.name
+        self.opt = Optimizer(self.sgd, n, hist.lr, meta["iters"], self.loss)
         if "optimizer" in meta:
             try:
                 self.opt.restore(meta["optimizer"])
@@ -75,27 +82,29 @@ class Run:
         """After step ``t``: the epoch's losses if it ended one, the divergence check,
         and the optimizer's state into ``meta`` (for checkpoints)."""
         meta["optimizer"] = self.opt.state()
+        if self.loss.probabilistic:
+            hist.accuracy.append(self.opt.accuracy)
         if self.records and self.opt.ends_epoch(t):
             t0 = time.perf_counter()
-            hist.epoch_loss.append(_half_sq(outputs() - Y))
+            hist.epoch_loss.append(self.loss.value(outputs(), Y))
             test = math.nan
             if self.eval_set is not None:
                 Xv, Yv = self.eval_set
-                test = _half_sq(outputs_at(Xv) - Yv)
+                test = self.loss.value(outputs_at(Xv), Yv)
             hist.epoch_test_loss.append(test)
             hist.info["eval_s"] = hist.info.get("eval_s", 0.0) + time.perf_counter() - t0
         check_divergence(hist, hist.lr, meta["patience"])
 
 
-def _half_sq(err: np.ndarray) -> float:
-    return 0.5 * float(np.einsum("ik,ik->", err, err))
-
-
-def check_eval_set(model: TwoLayerReLU, eval_set: Any) -> tuple[np.ndarray, np.ndarray]:
+def check_eval_set(
+    model: TwoLayerReLU, eval_set: Any, loss: Loss = LOSSES["squared"]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Held-out data ``(X, y)`` checked against the model, ``y`` as the loss's targets."""
     if not isinstance(eval_set, tuple | list) or len(eval_set) != 2:
         raise ValueError("eval_set must be a pair (X, y)")
     Xv = model.check_X(eval_set[0])
-    return Xv, as_targets(eval_set[1], Xv.shape[0], model.outputs)
+    Yv = loss.targets(eval_set[1], Xv.shape[0], model.outputs, "eval_set's y", training=False)
+    return Xv, Yv
 
 
 def check_divergence(hist: History, lr: float, patience: int) -> None:

@@ -364,11 +364,13 @@ def dense_top_eigenvalue(H: np.ndarray) -> float:
     return top_eigenvalue(order, lambda v: H @ v)
 
 
-def lr_from_lambda(lam: float) -> float:
-    """``1 / λ_max``, or a ValueError when no pair fires (``λ_max = 0``)."""
+def lr_from_lambda(lam: float, curvature: float = 1.0) -> float:
+    """``1 / (curvature · λ_max)`` (``curvature``: the loss's bound on its Hessian in
+    the outputs, :attr:`~.losses.Loss.curvature`), or a ValueError when no pair fires
+    (``λ_max = 0``)."""
     if not lam > 0:
         raise ValueError(
             "lr='auto' needs at least one firing pair (no neuron fires on the data at "
             "initialization); give lr explicitly or lower the threshold b"
         )
-    return 1.0 / lam
+    return 1.0 / (curvature * lam)

@@ -17,7 +17,7 @@ import numpy as np
 from .. import _config
 from .._io import remove_stale_temporaries
 from .._validation import as_matrix
-from ..model import TwoLayerReLU, as_targets
+from ..model import TwoLayerReLU
 from ._base import Trainer
 from ._choice import (
     alternatives,
@@ -34,6 +34,7 @@ from ._warmup import WARM_METHODS, Warmup, ensure
 from .band import BandTrainer
 from .checkpoint import FORMAT, data_digest, load_checkpoint, read_manifest, save_checkpoint
 from .history import History
+from .losses import LOSSES, Loss, get_loss
 from .optim import SGD
 
 __all__ = ["METHODS", "TrainingDiverged", "Warmup", "resume", "train", "warmup"]
@@ -82,13 +83,15 @@ def train(
     client: Any = None,
     shards: int | None = None,
     device: Any = None,
+    loss: str = "squared",
     **options: Any,
 ) -> History:
     """Train ``model.W`` by gradient descent: full batch (the default) or mini-batch SGD.
 
     ``W(t+1) = W(t) - lr · ∂L/∂W(t)`` with
     ``∂L/∂w_r = (1/sqrt m) · Σ_{i: <w_r, x_i> >= b} (a_r · err_i) · x_i`` and
-    ``err_i = f(x_i) - y_i``: the paper's update, only ``W`` trained.  With
+    ``err_i = ∂L/∂f(x_i)`` (``f(x_i) - y_i`` for the squared loss): the paper's
+    update, only ``W`` trained.  With
     ``batch_size`` the sum runs over a batch of points, and ``momentum``,
     ``weight_decay`` and ``schedule`` follow ``torch.optim.SGD``
     (:mod:`corrtree.training.optim`).  Every method follows the same
@@ -103,7 +106,9 @@ def train(
     X : array_like, shape (n, d)
         Inputs (the paper assumes unit-norm rows; any finite data works).
     y : array_like, shape (n,) or (n, K)
-        Targets, one column per model output.
+        Targets, one column per model output; for ``loss="logistic"`` labels in
+        {0, 1} or {-1, +1}, for ``loss="cross_entropy"`` integer classes ``0..K-1``
+        or one-hot rows.
     method : {"auto", "dense", "dtree", "wtree", "lazy", "kernel"}
         ``"dense"``: BLAS reference; ``"dtree"``/``"wtree"``: the paper's two
         algorithms; ``"lazy"``/``"kernel"``: exact methods whose iterations
@@ -153,6 +158,13 @@ def train(
         array path has ``method="dense"`` (float64, the CPU's trajectory to rounding);
         ``"auto"`` picks it there.  A device that is not there, or a run whose tensors
         do not fit in its free memory, is refused in one line before training starts.
+    loss : {"squared", "logistic", "cross_entropy"}
+        The training loss (:mod:`corrtree.training.losses`), summed over the points:
+        ``"squared"`` ``½ Σ ||f(x_i) − y_i||²`` (the paper's), ``"logistic"`` (one
+        output, two classes: binary cross-entropy of ``σ(f)``), ``"cross_entropy"``
+        (softmax over ``K >= 2`` outputs).  Every method follows the same trajectory
+        with each; ``lr="auto"`` divides ``1/λ_max`` by the loss's curvature bound
+        (1, 1/4, 1/2).  Labels that do not fit the loss are refused before training.
     **options
         Method options (e.g. ``block`` for ``"dense"``, ``band`` for
         ``"lazy"``/``"kernel"``).
@@ -164,7 +176,8 @@ def train(
     if not isinstance(model, TwoLayerReLU):
         raise ValueError(f"model must be a TwoLayerReLU, got {type(model).__name__}")
     X = model.check_X(X)
-    Y = as_targets(y, X.shape[0], model.outputs)
+    loss_ = get_loss(loss)
+    Y = loss_.targets(y, X.shape[0], model.outputs)
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
     if device is not None:
@@ -196,6 +209,7 @@ def train(
     meta = {
         "iters": iters,
         "sgd": sgd.to_meta(),
+        "loss": loss_.name,
         "patience": patience,
         "checkpoint_every": checkpoint_every,
         "run_id": run_id or uuid.uuid4().hex,
@@ -224,7 +238,7 @@ def train(
                     checkpoint,
                     options,
                     shards,
-                    Run(sgd, eval_set),
+                    Run(sgd, eval_set, loss_),
                 )
                 hist.info["lr_halvings"] = halvings
                 return hist
@@ -241,8 +255,10 @@ def train(
                 lr == "auto",
                 sgd,
                 device,
+                loss_,
             )
-            return _run(model, trainer, hist, meta, callback, checkpoint, Run(sgd, eval_set))
+            run = Run(sgd, eval_set, loss_)
+            return _run(model, trainer, hist, meta, callback, checkpoint, run)
         except TrainingDiverged as exc:
             if lr != "auto" or halvings == lr_retries:
                 raise
@@ -316,6 +332,7 @@ def _make(
     lr_auto: bool,
     sgd: SGD,
     device: Any = None,
+    loss: Loss = LOSSES["squared"],
 ) -> tuple[Trainer, History]:
     """The trainer of a one-process run (preprocessing, ``lr``) and its empty History;
     ``among``: the methods ``"auto"`` may choose (:func:`~._choice.runnable`)."""
@@ -339,10 +356,10 @@ def _make(
     if device is None:
         # the one-time loading (or compiling) of the method's kernels is not part of the run
         took = ensure(train, method, sgd.linear, model.implicit)
-        trainer = TRAINERS[method](model, X, Y, G, lr, **options)
+        trainer = TRAINERS[method](model, X, Y, G, lr, loss, **options)
     else:
         took = Warmup(0.0, 0)  # torch: nothing to compile ahead
-        trainer = DEVICE_TRAINERS[method](model, X, Y, G, lr, device=device, **options)
+        trainer = DEVICE_TRAINERS[method](model, X, Y, G, lr, loss, device=device, **options)
     # the device's one-time calibration (auto) is reported apart, as compilation is
     t0 += took.seconds + calibration
     info["compile_s"], info["compiled"] = took.seconds, took.compiled
@@ -371,6 +388,7 @@ def resume(
     schedule: Callable[[int], float] | None = None,
     eval_set: tuple[np.ndarray, np.ndarray] | None = None,
     device: Any = None,
+    loss: str | None = None,
 ) -> tuple[TwoLayerReLU, History]:
     """Continue a run from a checkpoint written by :func:`train`.
 
@@ -387,7 +405,8 @@ def resume(
     a run with a callable ``schedule`` needs it again, and ``eval_set`` gives
     held-out data for the remaining epochs.  ``device`` continues a one-process run on
     the array path of that torch device (a checkpoint written on any device resumes
-    on any other, or on the CPU trainers with ``device=None``).
+    on any other, or on the CPU trainers with ``device=None``).  The run continues with
+    its own loss (recorded in the checkpoint); ``loss``, when given, must be that one.
 
     Returns
     -------
@@ -414,14 +433,24 @@ def resume(
     outputs = manifest["history"].get("outputs")
     if not isinstance(outputs, int) or outputs < 1:
         raise CheckpointError(f"{path}: bad history (outputs {outputs!r})")
-    Y = as_targets(y, Xc.shape[0], outputs)
+    recorded_loss = manifest["meta"].get("loss", "squared")  # written before losses: squared
+    try:
+        run_loss = get_loss(recorded_loss)
+    except ValueError:
+        raise CheckpointError(f"{path}: unknown loss {recorded_loss!r}") from None
+    if loss is not None and get_loss(loss).name != run_loss.name:
+        raise ValueError(
+            f"loss={loss!r}, but the checkpointed run trains loss={run_loss.name!r}; "
+            "a run resumes with its own loss"
+        )
+    Y = run_loss.targets(y, Xc.shape[0], outputs)
     recorded = manifest["meta"].get("sgd", {})
     if not isinstance(recorded, dict):
         raise CheckpointError(f"{path}: bad optimizer {recorded!r}")
     if recorded.get("schedule") == "callable" and schedule is None:
         raise ValueError("the run used a callable schedule: pass it again as schedule=")
     try:
-        run = Run(SGD.from_meta(recorded, schedule), eval_set)
+        run = Run(SGD.from_meta(recorded, schedule), eval_set, run_loss)
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: bad optimizer ({exc})") from exc
     dev = None
@@ -482,6 +511,7 @@ def _run(
         stop.append(signum)
 
     opt = run.start(model, hist, meta, trainer.X.shape[0])
+    trainer.loss = run.loss  # a restored trainer's, too
     if isinstance(trainer, BandTrainer):
         opt.check_scaling(trainer.b0, len(hist))
     use_signal = checkpoint is not None and threading.current_thread() is threading.main_thread()

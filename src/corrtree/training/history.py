@@ -52,7 +52,8 @@ class History:
     preprocess_time : float
         Seconds spent before the first iteration (products, trees, ``lr="auto"``).
     loss : list of float
-        ``L(W(t))`` for ``t = 0 .. T-1``.
+        ``L(W(t))`` for ``t = 0 .. T-1``: the run's loss (``info["loss"]``: ``"squared"``,
+        ``"logistic"`` or ``"cross_entropy"``), summed over the points (of the batch).
     final_loss : float
         ``L(W(T))`` after the last step.
     fired_pairs : list of int
@@ -77,6 +78,10 @@ class History:
         points, and on the ``eval_set`` (NaN without one), after each epoch.
         With mini-batches, ``loss`` holds the loss of each step's batch and
         ``info["steps_per_epoch"]`` the steps of an epoch.
+    accuracy : list of float
+        Classification losses (logistic, cross-entropy): the share of the step's points
+        (the batch's) whose most probable class at ``W(t)`` is their label; empty for
+        the squared loss.
     info : dict
         Method-specific details (the cost model's choice, block sizes, ...).
     """
@@ -103,6 +108,7 @@ class History:
     evaluated_pairs: list[int] = field(default_factory=list)
     epoch_loss: list[float] = field(default_factory=list)
     epoch_test_loss: list[float] = field(default_factory=list)
+    accuracy: list[float] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     # while training runs: the trainer's W(t) accessor (see current_weights)
     weights_source: Callable[[], np.ndarray] | None = field(default=None, repr=False, compare=False)
@@ -179,6 +185,7 @@ class History:
             )
         }
         out.update({k: list(getattr(self, k)) for k in (*COLUMNS, *EPOCH_COLUMNS)})
+        out["accuracy"] = list(self.accuracy)
         out["info"] = dict(self.info)
         return out
 
@@ -196,6 +203,7 @@ class History:
             getattr(hist, k).extend(data.get(k, []))
         for k in EPOCH_COLUMNS:
             getattr(hist, k).extend(_float(v) for v in data.get(k, []))
+        hist.accuracy.extend(_float(v) for v in data.get("accuracy", []))
         return hist
 
     def to_json(self, path: str | os.PathLike) -> None:

@@ -253,12 +253,16 @@ class KernelTrainer(BandTrainer):
         st = self.store
         stats = (self.fired, self.moved, self.flips, self.entries)
         with self.timer("forward"):
-            before = _norm(self.u - self.Y)
+            before = _norm(self.loss.errors(self.u, self.Y))
             self.u -= self.lr * (self.H @ err.ravel()).reshape(self.u.shape)
             st.E += err
             self.P += _norm(err) * _config.ROUND_UP
             # a shard's u is its share of the outputs: no contraction to read from it
-            ahead = lookahead(_norm(self.u - self.Y), before) if self.width == self.m else 0.0
+            ahead = (
+                lookahead(_norm(self.loss.errors(self.u, self.Y)), before)
+                if self.width == self.m
+                else 0.0
+            )
         with self.timer("query"):
             if self._own:
                 own_clocks(

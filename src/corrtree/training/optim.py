@@ -1,7 +1,8 @@
 """Mini-batch SGD with momentum, weight decay and learning-rate schedules.
 
 The optimizer follows ``torch.optim.SGD`` (dampening 0): with the batch
-gradient ``g`` of ``L_B = ½ Σ_{i∈B} ||f(x_i) - y_i||²``,
+gradient ``g`` of the batch loss ``L_B = Σ_{i∈B} ℓ(f(x_i), y_i)`` (:mod:`.losses`; the
+squared loss: ``½ Σ_{i∈B} ||f(x_i) - y_i||²``),
 
     d = g + λ·w,    v ← μ·v + d,    w ← w - η_t·(d + μ·v  if nesterov  else  v)
 
@@ -33,6 +34,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from .losses import LOSSES, Loss
 
 __all__ = ["SCHEDULES", "SGD", "LinearStep", "Optimizer", "explicit_update"]
 
@@ -144,8 +147,13 @@ class Optimizer:
     """An :class:`SGD` over ``n`` points for ``steps`` steps at base rate ``lr``, with the
     global state of the linear recurrence (``alpha``, ``beta``)."""
 
-    def __init__(self, sgd: SGD, n: int, lr: float, steps: int) -> None:
+    def __init__(
+        self, sgd: SGD, n: int, lr: float, steps: int, loss: Loss = LOSSES["squared"]
+    ) -> None:
         self.sgd, self.n, self.lr, self.steps = sgd, n, float(lr), int(steps)
+        self.loss = loss
+        #: the accuracy of the last batch's outputs (classification losses)
+        self.accuracy = math.nan
         self.size = n if sgd.batch_size is None else min(sgd.batch_size, n)
         self.per_epoch = -(-n // self.size)
         self.alpha, self.beta = 1.0, 0.0
@@ -220,12 +228,16 @@ class Optimizer:
         self, t: int, ub: np.ndarray, Y: np.ndarray
     ) -> tuple[np.ndarray, float, LinearStep | None]:
         """What the trainers take for step ``t`` from ``ub``, the outputs at
-        :meth:`batch` ``(t)``: the error of every point (zero outside the batch;
-        times the schedule's factor unless the step is linear), the batch loss, and
+        :meth:`batch` ``(t)``: the error ``∂L/∂u`` of every point (zero outside the
+        batch; times the schedule's factor unless the step is linear; the loss's
+        :meth:`~.losses.Loss.errors`, computed from ``ub`` afresh), the batch loss, and
         the :class:`LinearStep` of a linear optimizer (which advances ``α, β``)."""
         B = self.batch(t)
-        eb = ub - (Y if B is None else Y[B])
-        loss = 0.5 * float(np.einsum("ik,ik->", eb, eb))
+        Yb = Y if B is None else Y[B]
+        eb = self.loss.errors(ub, Yb)
+        loss = self.loss.value(ub, Yb)
+        if self.loss.probabilistic:
+            self.accuracy = self.loss.accuracy(ub, Yb)
         if B is None:
             err = eb
         else:
