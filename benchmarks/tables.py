@@ -622,6 +622,77 @@ def gpu_runs(res: dict) -> str:
     return "\n".join(out)
 
 
+def losses(res: dict) -> str:
+    """The classification losses: speed beside the squared loss, then quality."""
+    speed = res.get("speed", {})
+    rows = []
+    for r in speed.values():
+        runs = r["runs"]
+        ratio = r.get("vs_squared_speedup")
+        verdict = "" if ratio is None else "met" if ratio >= 0.8 else "**missed**"
+        rows.append(
+            [
+                r["workload"],
+                r["loss"],
+                f"{_pow2(r['m'])}, {r['iters']}",
+                f"{runs['dense']['total_s']:.3g} s*",
+                _secs(runs["lazy"]),
+                _secs(runs["kernel"]),
+                f"{_x(r['speedup_vs_dense'])} ({r['best']})",
+                "" if ratio is None else f"{ratio:.2f}× ({verdict})",
+            ]
+        )
+    agree = all(r["losses_agree_with_dense"] for r in speed.values())
+    out = [
+        _table(
+            [
+                "workload",
+                "loss",
+                "m, iterations",
+                "dense numpy",
+                "lazy",
+                "kernel",
+                "best vs dense",
+                "vs the squared loss's (target ≥ 0.8×)",
+            ],
+            rows,
+        ),
+        "",
+        "\\* extrapolated from the first iterations. Every method's first losses equal "
+        f"dense's with the same loss (1e-9): {agree}.",
+    ]
+    quality = res.get("quality")
+    if quality:
+        settings = res["quality_settings"]
+        out += [
+            "",
+            f"{settings['folds']}-fold stratified cross-validation (mean ± standard deviation "
+            f"over the folds): corrtree with {settings['width']} neurons and "
+            f'{settings["iters"]} full-batch steps of cross-entropy (`lr="auto"`), '
+            "MLPClassifier with one hidden layer of the same width (its defaults otherwise), "
+            "LogisticRegression; both on standardized features.",
+            "",
+            _table(
+                ["data", "model", "accuracy", "log-loss", "fit (s)"],
+                [
+                    [
+                        f"{r['data']} (n={r['n']}, {r['classes']} classes)",
+                        r["model"],
+                        f"{r['accuracy_mean']:.3f} ± {r['accuracy_std']:.3f}",
+                        f"{r['log_loss_mean']:.3f} ± {r['log_loss_std']:.3f}",
+                        f"{r['fit_s_mean']:.2g}",
+                    ]
+                    for r in quality.values()
+                ],
+            ),
+        ]
+    return "\n".join(out)
+
+
+def _secs(run: dict) -> str:
+    return f"{run['total_s']:.3g} s{'*' if run.get('extrapolated') else ''}"
+
+
 def gpu(res: dict) -> str:
     return f"Device: {res['device_name']} ({res['device']}).\n\n{gpu_runs(res)}"
 
@@ -636,6 +707,15 @@ SUITES = {
         "losses match dense's to 1e-9 and each whole run's final loss equals a dense forward "
         "pass of its final weights (computed outside the timed run). One-time compilation "
         "is loaded before each timed run and is in no figure.",
+    ),
+    "losses": (
+        "bench_losses.py",
+        "Classification losses",
+        "The workloads whose labels are classes trained with their classification loss "
+        "(W3: cross-entropy over ten outputs; W5: the logistic loss of one output) beside "
+        "the squared loss: whole runs of the exact methods against dense numpy with the same "
+        "loss, in one session; then held-out accuracy and log-loss beside scikit-learn's "
+        "MLPClassifier and LogisticRegression.",
     ),
     "wide": (
         "bench_wide.py",
@@ -696,6 +776,7 @@ FORMATS = {
     "kernel": lambda r: fast(r, "kernel"),
     "distributed": distributed,
     "workloads": workloads,
+    "losses": losses,
     "sgd": sgd,
     "wide": wide,
     "gpu": gpu,

@@ -266,8 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--suite",
         default="ddfn,train,lazy,kernel",
-        help="comma-separated suites: ddfn, train, lazy, kernel, distributed, wide (default: "
-        "all but distributed and wide, which need corrtree[distributed])",
+        help="comma-separated suites: ddfn, train, lazy, kernel, distributed, wide, losses "
+        "(default: ddfn, train, lazy and kernel)",
     )
     p.add_argument(
         "--out",

@@ -98,8 +98,9 @@ def one_run(
     measured: int,
     budget: float,
     lr: float | None,
+    loss: str = "squared",
 ) -> dict[str, Any]:
-    """One whole run in this (fresh) process."""
+    """One whole run in this (fresh) process, training ``loss``."""
     X, Y = load(data, args, scale_n)
     K = Y.shape[1]
     model = TwoLayerReLU.init(d=X.shape[1], m=m, outputs=K, seed=7)
@@ -138,6 +139,7 @@ def one_run(
         method=method,
         iters=run_iters,
         callback=None if extrapolate else within_budget,
+        loss=loss,
     )
     wall = time.perf_counter() - t0
     done = len(hist)
@@ -172,7 +174,7 @@ def one_run(
         "peak_rss_gib": peak_rss_bytes() / 2**30,
     }
     if done == iters and not extrapolate:  # untimed: the loss of the final weights, densely
-        out["final_loss_dense"] = model.loss(X, Y if K > 1 else Y[:, 0])
+        out["final_loss_dense"] = model.loss(X, Y if K > 1 else Y[:, 0], loss)
     if method == "kernel" and done:  # one nK × nK mat-vec, for the W1 target
         H = np.random.default_rng(0).standard_normal((X.shape[0] * K,) * 2)
         v = np.ones(X.shape[0] * K)
