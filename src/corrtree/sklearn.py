@@ -274,7 +274,8 @@ class CorrTreeClassifier(ClassifierMixin, _CorrTreeBase):
     def predict_proba(self, X: np.ndarray) -> np.ndarray:
         """Class probabilities, ``(n, len(classes_))``: ``softmax`` of the outputs
         (cross-entropy), ``[1 − σ(u), σ(u)]`` of the one output (two classes)."""
-        return get_loss(self._loss).probabilities(self._outputs(X))
+        u = self._outputs(X)  # checks that the estimator is fitted first
+        return get_loss(self._loss).probabilities(u)
 
     @available_if(lambda est: est.loss != "squared")
     def predict_log_proba(self, X: np.ndarray) -> np.ndarray:
