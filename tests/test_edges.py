@@ -363,12 +363,12 @@ def _interrupted_run(tmp_path, *extra) -> Path:
 
 
 def test_a_refused_run_leaves_an_interrupted_one_resumable_on_another_device(tmp_path):
-    """A run stopped on the device path (torch on the CPU): new runs into its folder that
-    are refused (a device that is not there, a method that cannot take the model) leave
-    every file as it was; ``--resume`` takes ``--device``, and names it when the run's
-    own device is not here."""
+    """A dense run stopped on the CPU: new runs into its folder that are refused (a device
+    that is not there, a method that cannot take the model) leave every file as it was;
+    ``--resume`` takes ``--device`` (here torch on the CPU: dense checkpoints cross
+    devices), and names it when the run's own device is not here."""
     pytest.importorskip("torch")
-    out = _interrupted_run(tmp_path, "--device", "cpu", "--method", "kernel")
+    out = _interrupted_run(tmp_path, "--method", "dense")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     for bad in (["--device", "cudaa"], ["--implicit", "--method", "dense"]):
         refused = run(
@@ -386,8 +386,8 @@ def test_a_refused_run_leaves_an_interrupted_one_resumable_on_another_device(tmp
     assert_one_line_error(asked, 1, "--device: device='cuda:7' is not there")
     run("train", "--resume", out, "--device", "cpu", "--quiet")
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["resumed"] and summary["method"] == "kernel"
-    assert json.loads(run_file.read_text()) == {**recorded, "finished": True}
+    assert summary["resumed"] and summary["method"] == "dense"
+    assert json.loads(run_file.read_text()) == {**recorded, "device": "cpu", "finished": True}
 
 
 # -- 8., 9. signals while the kernels compile; the helper ends with its caller --------------
