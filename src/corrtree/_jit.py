@@ -157,7 +157,9 @@ def _held_signals() -> Iterator[None]:
         return
     if _Held.depth == 0:
         _Held.pending.clear()
-        _Held.previous = {s: signal.signal(s, _hold) for s in _HELD_SIGNALS}
+        # a handler installed outside Python (getsignal gives None) is left alone
+        held = [s for s in _HELD_SIGNALS if signal.getsignal(s) is not None]
+        _Held.previous = {s: signal.signal(s, _hold) for s in held}
     _Held.depth += 1
     try:
         yield

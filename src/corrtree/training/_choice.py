@@ -62,14 +62,21 @@ def method_options(method: str, on_device: bool = False) -> tuple[str, ...]:
 
 
 def _refusal(method: str, model: TwoLayerReLU, sgd: SGD, on_device: bool) -> str | None:
-    """Why ``method`` cannot train ``model`` with the steps of ``sgd`` (``None``: it can)."""
+    """Why ``method`` cannot train ``model`` with the steps of ``sgd`` (``None``: it can):
+    ``"implicit"`` or ``"linear"``."""
     cls = _registry(on_device)[method]
-    where = " on a device" if on_device else ""
     if model.implicit and not cls.implicit_ok:
-        return f"method={method!r}{where} needs the stored weight matrix (the model is implicit)"
+        return "implicit"
     if sgd.linear and not cls.linear_ok:
-        return f"method={method!r}{where} takes plain gradient steps (no momentum or weight decay)"
+        return "linear"
     return None
+
+
+def _reason(method: str, refusal: str, on_device: bool) -> str:
+    where = " on a device" if on_device else ""
+    if refusal == "implicit":
+        return f"method={method!r}{where} needs the stored weight matrix"
+    return f"method={method!r}{where} takes plain gradient steps (no momentum or weight decay)"
 
 
 def _unknown_option(method: str, options: dict[str, Any], accepted: Iterable[str]) -> None:
@@ -89,15 +96,13 @@ def check_method(
 ) -> None:
     """One line when the named ``method`` cannot take this run (see the module's notes)."""
     _unknown_option(method, options, method_options(method, on_device))
-    reason = _refusal(method, model, sgd, on_device)
-    if reason is None:
+    refusal = _refusal(method, model, sgd, on_device)
+    if refusal is None:
         return
-    able = " or ".join(
-        repr(k) for k in _registry(on_device) if _refusal(k, model, sgd, on_device) is None
-    )
+    able = " or ".join(map(repr, alternatives(model, sgd, on_device)))
     there = " there" if on_device else ""
-    if model.implicit and not _registry(on_device)[method].implicit_ok:
-        reason = reason.replace(" (the model is implicit)", "")
+    reason = _reason(method, refusal, on_device)
+    if refusal == "implicit":
         instead = f"; an implicit model trains{there} with method={able}" if able else ""
         raise ValueError(reason + instead + " (or convert it: model.to_explicit())")
     raise ValueError(reason + (f": use method={able}{there}" if able else ""))
@@ -117,11 +122,18 @@ def runnable(model: TwoLayerReLU, sgd: SGD, options: dict[str, Any], on_device: 
     registry = _registry(on_device)
     union = dict.fromkeys(k for meth in registry for k in method_options(meth, on_device))
     _unknown_option("auto", options, union)
-    reasons = {k: _refusal(k, model, sgd, on_device) for k in registry}
+    reasons: dict[str, str | None] = {}
     for k in registry:
+        refusal = _refusal(k, model, sgd, on_device)
         missing = [o for o in options if o not in method_options(k, on_device)]
-        if reasons[k] is None and missing:
+        if refusal == "implicit":
+            reasons[k] = _reason(k, refusal, on_device) + " (the model is implicit)"
+        elif refusal is not None:
+            reasons[k] = _reason(k, refusal, on_device)
+        elif missing:
             reasons[k] = f"method={k!r} takes no option {missing[0]!r}"
+        else:
+            reasons[k] = None
     able = [k for k, why in reasons.items() if why is None]
     if not able:
         where = "on a device " if on_device else ""
