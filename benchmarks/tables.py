@@ -636,8 +636,8 @@ def losses(res: dict) -> str:
                 r["loss"],
                 f"{_pow2(r['m'])}, {r['iters']}",
                 f"{runs['dense']['total_s']:.3g} s*",
-                _secs(runs["lazy"]),
-                _secs(runs["kernel"]),
+                _secs(runs.get("lazy")),
+                _secs(runs.get("kernel")),
                 f"{_x(r['speedup_vs_dense'])} ({r['best']})",
                 "" if ratio is None else f"{ratio:.2f}× ({verdict})",
             ]
@@ -689,7 +689,9 @@ def losses(res: dict) -> str:
     return "\n".join(out)
 
 
-def _secs(run: dict) -> str:
+def _secs(run: dict | None) -> str:
+    if run is None:
+        return "–"
     return f"{run['total_s']:.3g} s{'*' if run.get('extrapolated') else ''}"
 
 
