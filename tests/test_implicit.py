@@ -158,7 +158,7 @@ def test_implicit_and_explicit_runs_follow_one_trajectory(method, K):
     # the final loss is that of a streamed dense forward pass of the final implicit weights
     assert implicit.loss(X, y) == pytest.approx(hi.final_loss, rel=1e-9, abs=1e-12)
     # the model keeps one coefficient per pair that ever fired, and no W
-    assert implicit._src.pairs > 0 and implicit._W is None
+    assert implicit.implicit_weights.pairs > 0 and implicit._W is None
 
 
 def test_implicit_matches_the_dense_reference_with_momentum_and_weight_decay():
@@ -183,7 +183,9 @@ def test_training_an_implicit_model_again():
         ct.train(implicit, *data, method="kernel", iters=8, lr=0.5, weight_decay=1e-3)
         ct.train(explicit, *data, method="lazy", iters=8, lr=0.5, weight_decay=1e-3)
         np.testing.assert_allclose(implicit.weights(), explicit.W, atol=1e-11)
-    assert implicit._src.update[0].shape[0] == 64 + 48  # the points of both data sets, once
+    assert (
+        implicit.implicit_weights.update[0].shape[0] == 64 + 48
+    )  # the points of both data sets, once
 
 
 def test_methods_that_need_the_matrix_refuse_an_implicit_model():
@@ -208,7 +210,7 @@ def test_implicit_model_file(tmp_path):
     np.testing.assert_array_equal(back.weights(), model.weights())
     np.testing.assert_array_equal(back.predict(X), model.predict(X))
     # 12 bytes a pair that ever fired plus O(m) (and the points); no m×d matrix
-    pairs = model._src.pairs
+    pairs = model.implicit_weights.pairs
     size = path.stat().st_size
     assert size < 12 * pairs + 8 * (model.m + 1) + model.m * 2 + X.nbytes + 20_000
     # tampered: any changed member is refused in one line
@@ -290,7 +292,7 @@ def test_implicit_forward_finds_the_same_firing_pairs():
     np.testing.assert_allclose(model.predict(X), explicit.predict(X), rtol=0, atol=1e-13)
     # b exactly at one product: that pair fires in both
     W = model.weights()
-    edge = ct.TwoLayerReLU._of_implicit(model._src, model._a, float(W[7] @ X[3]), False)
+    edge = ct.TwoLayerReLU._of_implicit(model.implicit_weights, model._a, float(W[7] @ X[3]), False)
     counts = edge.fire_counts(X)
     assert counts[3] >= 1
     np.testing.assert_array_equal(counts, edge.to_explicit().fire_counts(X))
@@ -302,7 +304,7 @@ def test_implicit_forward_finds_the_same_firing_pairs():
     r, j = np.unravel_index(np.argmax(gap), gap.shape)
     b = U64[r, j] * (1 - 1e-12)
     assert U32[r, j] < b
-    edge = ct.TwoLayerReLU._of_implicit(model._src, model._a, float(b), False)
+    edge = ct.TwoLayerReLU._of_implicit(model.implicit_weights, model._a, float(b), False)
     np.testing.assert_array_equal(edge.fire_counts(X), edge.to_explicit().fire_counts(X))
 
 

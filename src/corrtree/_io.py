@@ -115,7 +115,7 @@ def atomic_savez(path: str | os.PathLike, **arrays: np.ndarray) -> Path:
     """Save arrays to an uncompressed ``.npz`` file atomically (no pickled objects),
     refused first when the disk has no room for them."""
     size = sum(np.asarray(a).nbytes + 256 for a in arrays.values())
-    return _atomic(path, lambda fh: np.savez(fh, **arrays), size=size)
+    return _atomic(path, lambda fh: np.savez(fh, **arrays), size=size)  # type: ignore[arg-type]
 
 
 def _json_default(obj: Any) -> Any:
@@ -137,5 +137,5 @@ def digest_of(manifest: dict[str, Any], arrays: dict[str, np.ndarray]) -> str:
     for name in sorted(arrays):
         a = np.ascontiguousarray(arrays[name])
         h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
-        h.update(memoryview(a.reshape(-1).view(np.uint8)))
+        h.update(a.reshape(-1).view(np.uint8).tobytes())
     return h.hexdigest()

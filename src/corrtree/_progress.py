@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from .training import History
 
@@ -40,7 +41,7 @@ class Progress:
 
     def __init__(self, total: int, label: str, quiet: bool = False, console=None) -> None:
         self.total, self.label, self.quiet, self.console = total, label, quiet, console
-        self._bar = None
+        self._bar: Any = None
         self._t0: float | None = None  # when the run's first iteration started
         self._done = 0  # iterations before it (a resumed run)
 

@@ -1,3 +1,3 @@
 """The version of corrtree (one place: the package and its build metadata read it)."""
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"

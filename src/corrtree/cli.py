@@ -200,7 +200,7 @@ def _recording(
     """``progress``, writing ``out/run.json`` (unfinished) when the first step ends:
     everything that can refuse the run has run by then, so a refused run leaves the
     folder (an interrupted run's ``--resume`` state included) as it was."""
-    written = []
+    written: list[bool] = []
 
     def callback(t: int, hist: History) -> Any:
         if not written:
@@ -247,7 +247,7 @@ def _lost(exc: Exception, out: Path) -> CliError:
     return CliError(f"{exc}{hint}")
 
 
-def _interrupted(exc: KeyboardInterrupt, out: Path, run_id: str) -> KeyboardInterrupt:
+def _interrupted(exc: KeyboardInterrupt, out: Path, run_id: str | None) -> KeyboardInterrupt:
     """The one line of an interrupted run: whether it left a checkpoint to resume from
     (the file's run id, not the message, decides: a second signal may have replaced
     the message that said so)."""

@@ -64,7 +64,7 @@ class FiringDetector:
     This is the Correlation DTree specialised to its one threshold: tree
     ``i`` is a max tree over the indicators ``[<x_i, y_j> >= b]``, whose
     internal nodes are therefore ORs, stored as 64-ary bit trees
-    (:mod:`corrtree._bittree`; ``n·m/8`` bytes in all, not the ``8·n·m`` of
+    (``corrtree._bittree``; ``n·m/8`` bytes in all, not the ``8·n·m`` of
     the products).  An update computes the ``n`` new products of ``y_j``
     (one GEMM for a batch) and touches the tree paths of the pairs whose
     indicator changes.  The number of firing pairs of each ``x_i`` is kept

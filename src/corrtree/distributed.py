@@ -42,7 +42,7 @@ from ._implicit import ImplicitWeights
 from ._shard_files import SHARDED_FORMAT, arrays_of, check_manifest, save_shards
 from ._threads import OPENBLAS_THREAD_TIMEOUT
 from .model import TwoLayerReLU
-from .training._base import PHASES, Trainer
+from .training._base import PHASES
 from .training._choice import check_run_memory, shard_need
 from .training._choice import slices as _slices
 from .training._loop import STOP_SIGNALS, Run, check_divergence
@@ -92,7 +92,8 @@ def _limit_threads() -> None:
     if limit:
         import numba
 
-        numba.set_num_threads(max(1, min(int(limit), numba.config.NUMBA_NUM_THREADS)))
+        most = int(getattr(numba.config, "NUMBA_NUM_THREADS"))  # noqa: B009 - set at import
+        numba.set_num_threads(max(1, min(int(limit), most)))
 
 
 def _peak_rss() -> int:
@@ -111,8 +112,8 @@ class Shard:
     """
 
     def __init__(self) -> None:
-        self.trainer: Trainer | None = None
-        self._prepared = None
+        self.trainer: Any = None  # the slice's Trainer once started
+        self._prepared: Any = None  # a Prepared trainer between prepare and start
         self._ntk: NTKOperator | None = None
 
     # -- building --------------------------------------------------------------------
@@ -163,7 +164,7 @@ class Shard:
         return None
 
     def ntk_product(self, product: str, v: np.ndarray) -> np.ndarray:
-        """This slice's share of one product of :class:`NTKOperator` (``"matvec"``,
+        """This slice's share of one product of the NTK operator (``"matvec"``,
         ``"sample_matvec"`` or ``"ritz"``) with ``v``."""
         _limit_threads()
         return getattr(self._ntk, product)(v)
@@ -239,7 +240,7 @@ class Shard:
         return self.trainer.weights(start, stop)
 
     def implicit_update(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-        """The slice's coefficients (:meth:`~.training.band.BandTrainer.implicit_update`)."""
+        """The slice's coefficients (``BandTrainer.implicit_update``)."""
         _limit_threads()
         return self.trainer.implicit_update()
 
@@ -418,7 +419,7 @@ def train_sharded(
     if model.implicit:  # no rows travel: each shard regenerates its own
         if not TRAINERS[method].implicit_ok:
             raise ValueError(f"method={method!r} needs the stored weight matrix")
-        rows = [model._src.shard(s, e) for s, e in slices]
+        rows: list[Any] = [model.implicit_weights.shard(s, e) for s, e in slices]
     else:
         rows = [model.W[s:e] for s, e in slices]  # views: no copies
     infos = pool.call(
@@ -450,7 +451,9 @@ def train_sharded(
         "slices": slices,
     }
     parts = pool.call("start", [(lr,)] * count)
-    hist = History.of_run(method, lr, model, X, t0, {**info, "lr_auto": meta.get("lr_auto", False)})
+    hist = History.of_run(
+        method, float(lr), model, X, t0, {**info, "lr_auto": meta.get("lr_auto", False)}
+    )
     meta = {**meta, "options": options}
     return _drive(model, X, Y, pool, slices, parts, hist, meta, callback, checkpoint, run)
 
@@ -620,7 +623,7 @@ def _gather_weights(model: TwoLayerReLU, X: np.ndarray, pool, slices) -> None:
         np.cumsum(indptr, out=indptr)
         cols = np.concatenate([p[1] for p in parts])
         coef = np.concatenate([p[2] for p in parts])
-        model._src = model._src.absorb(X, indptr, cols, coef, parts[0][3])
+        model.absorb_update(X, indptr, cols, coef, parts[0][3])
         return
     block = _config.block_rows(8 * model.d * len(slices), model.m, _config.MODEL_BLOCK_BYTES)
     longest = max(e - s for s, e in slices)

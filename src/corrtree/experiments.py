@@ -263,7 +263,7 @@ def cost(quick: bool = False, out_dir: str | None = None) -> dict[str, Any]:
     for n in ns[:: max(1, len(ns) // 3)]:
         for m in ms[:: max(1, len(ms) // 3)]:
             times = {meth: _per_iter(meth, n, m, d, iters) for meth in methods}
-            grid[f"{n},{m}"] = min(times, key=times.get)
+            grid[f"{n},{m}"] = min(times, key=times.__getitem__)
     plt = _pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.2))
     for meth in methods:
@@ -332,7 +332,9 @@ def _lb_instances(quick: bool):
 
 def lower_bound(quick: bool = False, out_dir: str | None = None) -> dict[str, Any]:
     """ℤ-Max-IP and Orthogonal Vectors through the DDFN reduction, against brute force."""
-    max_inner_product([[1, 2]], [[3, 4]])  # compile the detector's kernels before timing
+    max_inner_product(
+        np.array([[1, 2]]), np.array([[3, 4]])
+    )  # compile the detector's kernels before timing
     rows = []
     for name, X, Y in _lb_instances(quick):
         t0 = time.perf_counter()
@@ -447,7 +449,7 @@ def convergence(quick: bool = False, out_dir: str | None = None) -> dict[str, An
         H = ntk_matrix(indptr, idx, X @ X.T, model.output_weights)
         lam = np.linalg.eigvalsh(H)
         err0 = model.predict(X) - y
-        move = []
+        move: list[float] = []
 
         def record(t, hist, W0=W0, move=move):
             W = hist.current_weights()

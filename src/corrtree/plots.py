@@ -42,7 +42,7 @@ def training_figures(history: History, out_dir: str | os.PathLike) -> dict[str, 
       next to the expected ``m·Q(b)`` and the paper's ``m^(4/5)``;
     * neurons moved per iteration (``|∪_i S_{i,fire}(t)|``) out of ``m``;
     * wall time per iteration, by phase;
-    * mini-batch runs: ``epochs.png`` (:func:`_epoch_figure`).
+    * mini-batch runs: ``epochs.png``, the loss after each epoch.
     """
     plt = _pyplot()
     out = Path(out_dir)

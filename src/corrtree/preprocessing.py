@@ -66,12 +66,13 @@ class InputTransform:
 
     @property
     def standardize(self) -> bool:
+        """Whether the features are standardized (``False``: rows are only scaled)."""
         return self.peak is not None
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
         """The network inputs for raw inputs ``X`` (a new array)."""
         X = as_matrix("X", X)
-        if self.standardize:
+        if self.peak is not None and self.mean is not None and self.std is not None:
             if X.shape[1] != self.peak.shape[0]:
                 raise ValueError(
                     f"X has {X.shape[1]} columns but the transform was fitted "
@@ -83,7 +84,7 @@ class InputTransform:
     def arrays(self) -> dict[str, np.ndarray]:
         """The transform as named arrays (stored in a model file)."""
         out = {"input_unit_rows": np.array(self.unit_rows)}
-        if self.standardize:
+        if self.peak is not None and self.mean is not None and self.std is not None:
             out.update(input_peak=self.peak, input_mean=self.mean, input_std=self.std)
         return out
 
@@ -108,7 +109,7 @@ class InputTransform:
             stats.append(np.array(arr, dtype=np.float64))
         if (stats[0] <= 0).any() or (stats[2] <= 0).any():
             raise ValueError("input_peak and input_std must be > 0")
-        return cls(*stats, bool(unit))
+        return cls(stats[0], stats[1], stats[2], bool(unit))
 
 
 def load_transform(path: str | os.PathLike, d: int) -> InputTransform | None:

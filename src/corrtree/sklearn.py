@@ -76,9 +76,11 @@ class _CorrTreeBase(BaseEstimator):
             raise ValueError(f"random_state must be an integer or None, got {seed!r}")
         if self.standardize and X.shape[0] < 2:
             raise ValueError("standardize=True needs at least 2 samples; got 1 sample")
-        self.transform_ = InputTransform.fit(X, bool(self.standardize), bool(self.normalize))
+        self.transform_: InputTransform = InputTransform.fit(
+            X, bool(self.standardize), bool(self.normalize)
+        )
         X = self.transform_(X)
-        self.model_ = TwoLayerReLU.init(
+        self.model_: TwoLayerReLU = TwoLayerReLU.init(
             d=X.shape[1],
             m=int(self.width),
             b=self.threshold,
@@ -143,7 +145,7 @@ class CorrTreeRegressor(RegressorMixin, _CorrTreeBase):
         steps; with ``epochs``, ``iters`` is not used).
     implicit : bool, default False
         Regenerate ``W(0)`` from the seed instead of storing it
-        (:meth:`TwoLayerReLU.init`): widths beyond memory, trained by the lazy or
+        (:meth:`corrtree.TwoLayerReLU.init`): widths beyond memory, trained by the lazy or
         kernel method; ``model_`` then stores only the coefficients of the pairs
         that ever fired.
     device : str, optional

@@ -62,6 +62,7 @@ class _Faiss:
         self.faiss, self.b, self.mode = faiss, b, mode
         self.Y32 = np.ascontiguousarray(Y, dtype=np.float32)
         d = Y.shape[1]
+        self.index: Any
         if mode == "rebuild":
             self.index = faiss.IndexFlatIP(d)
         else:
@@ -193,7 +194,11 @@ def query_vs_output(n: int, m: int, d: int, seed: int = 0) -> dict:
     rows = []
     for share in (1e-5, 1e-4, 1e-3, 1e-2, 5e-2):
         tau = float(-ndtri(share))
-        t_tree = median_time(lambda tau=tau: tree.query_all(tau), repeat=5)[0]
+
+        def query(tau: float = tau) -> Any:
+            return tree.query_all(tau)
+
+        t_tree = median_time(query, repeat=5)[0]
         det = FiringDetector(X, Y, tau, limit=None)
         t_det = median_time(det.query, repeat=5)[0]
         rows.append(

@@ -32,7 +32,7 @@ from ._util import in_child, peak_rss_bytes, print_table, save_result, warm_kern
 
 __all__ = ["SIZES", "run"]
 
-WORKLOAD = {
+WORKLOAD: dict[str, Any] = {
     "n": 16384,
     "size": 16,
     "m": 2**17,
@@ -55,7 +55,11 @@ def _data(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def torch_sgd(
-    model: TwoLayerReLU, X: np.ndarray, Y: np.ndarray, lr: float, batches: list[np.ndarray]
+    model: TwoLayerReLU,
+    X: np.ndarray,
+    Y: np.ndarray,
+    lr: float,
+    batches: list[np.ndarray | None],
 ) -> dict[str, Any]:
     """``torch.optim.SGD`` (float64, autograd) on the given batches: times and losses."""
     import os

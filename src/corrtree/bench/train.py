@@ -63,7 +63,7 @@ def compare(
     """Every method (and PyTorch) on the same model, data and learning rate."""
     model0 = TwoLayerReLU.init(d=X.shape[1], m=m, outputs=outputs, seed=seed)
     out: dict[str, Any] = {"m": m, "n": X.shape[0], "d": X.shape[1], "outputs": outputs}
-    ref = None
+    ref: Any = None  # the first method's row: its learning rate, losses and weights
     for method in METHODS:
         model = TwoLayerReLU(model0.W, model0.a, model0.b)
         lr = "auto" if ref is None else ref["lr"]

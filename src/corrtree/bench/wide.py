@@ -79,7 +79,7 @@ def implicit_run(n: int, d: int, m: int, iters: int, save_to: str | None) -> dic
     t0 = time.perf_counter()
     dense_loss = model.loss(X, y)  # a streamed dense forward pass of the final weights
     forward_s = time.perf_counter() - t0
-    out = {
+    out: dict[str, Any] = {
         "m": m,
         **_phases(hist),
         "peak_rss_gib": peak / _GiB,
@@ -87,7 +87,7 @@ def implicit_run(n: int, d: int, m: int, iters: int, save_to: str | None) -> dic
         "dense_forward_loss": float(dense_loss),
         "dense_forward_s": forward_s,
         "loss_first": [float(v) for v in hist.loss[:10]],
-        "pairs_ever_fired": model._src.pairs,
+        "pairs_ever_fired": model.implicit_weights.pairs,
         "tracked_pairs_end": int(hist.band_pairs[-1]) if hist.band_pairs else 0,
         "reanchored": int(np.sum(hist.reanchored)),
         "compile_s": float(hist.info.get("compile_s", 0.0)),
@@ -95,7 +95,7 @@ def implicit_run(n: int, d: int, m: int, iters: int, save_to: str | None) -> dic
     if save_to is not None:
         model.save(save_to)
         out["file_bytes"] = os.path.getsize(save_to)
-        out["file_bytes_per_pair"] = out["file_bytes"] / max(1, model._src.pairs)
+        out["file_bytes_per_pair"] = out["file_bytes"] / max(1, model.implicit_weights.pairs)
         out["matrix_bytes"] = 8 * m * d
     return out
 

@@ -111,6 +111,8 @@ def one_run(
         if need > available_memory():
             raise MemoryError(f"PyTorch dense GD needs about {need / 2**30:.0f} GiB here")
 
+        if lr is None:
+            raise ValueError("the PyTorch run needs the learning rate of the dense run")
         res = torch_dense_gd(model, X, Y if K > 1 else Y[:, 0], lr, measured)
         times = res["times"]
         return {

@@ -409,7 +409,8 @@ class BandState:
                 A, B = w32[: e - s], X32
             else:
                 A, B = W0, X
-            U = np.matmul(A, B.T, out=self.V[s:e] if keep else buf[: e - s])
+            rows_out = self.V[s:e] if keep and self.V is not None else buf[: e - s]  # type: ignore[index]  # buf exists unless keep
+            U = np.matmul(A, B.T, out=rows_out)
             if self.V is not None and gemm32:  # float64 rows holding the float32 products
                 self.V[s:e] = U
             t2 = clock()

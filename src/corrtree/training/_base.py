@@ -105,16 +105,16 @@ class Trainer:
             lam, lr_s = self._top_eigenvalue(G, X)
             lr = lr_from_lambda(lam, loss.curvature)
         self.info["lr_s"] = lr_s
-        self._begin(lr)
+        self._begin(float(lr))
 
     def _top_eigenvalue(self, G: np.ndarray, X: np.ndarray) -> tuple[float, float]:
         """``λ_max`` of the NTK matrix of ``W(0)``'s fire sets (:func:`._ntk.lambda_max`)
         and the seconds it took beyond forming them."""
         H = self.ntk()
         # the fire sets, when read, are kept for the first iteration: not lr's cost
-        fire = (None, None) if formed_is_used(H) else self.initial_fire_sets()
+        indptr, idx = (None, None) if formed_is_used(H) else self.initial_fire_sets()
         t0 = time.perf_counter()
-        lam = lambda_max(*fire, G, self.a, X, H, self.width)
+        lam = lambda_max(indptr, idx, G, self.a, X, H, self.width)
         return lam, time.perf_counter() - t0
 
     @classmethod
@@ -148,7 +148,7 @@ class Trainer:
                 f"method={self.name!r} needs the stored weight matrix; an implicit model "
                 f"trains with method='lazy' or 'kernel' (or convert it: model.to_explicit())"
             )
-        return model._src if self.implicit_ok else model.W
+        return model.weight_source if self.implicit_ok else model.W
 
     def _begin(self, lr: float) -> None:
         self._set_lr(lr)
@@ -206,7 +206,7 @@ class Trainer:
         trainer = cls.__new__(cls)
         trainer._bind(model, X, Y, G, width)
         if device is not None:
-            trainer.device = device
+            trainer.device = device  # type: ignore[attr-defined]  # the array path's trainers
         trainer._set_lr(lr)
         trainer._restore(trainer._initial(model), arrays, scalars, sizes)
         trainer.timer.pop()
@@ -237,6 +237,18 @@ class Trainer:
     def ntk(self) -> np.ndarray | None:
         """The NTK matrix of ``W(0)`` if the method forms it (else ``None``)."""
         return None
+
+    def implicit_update(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+        """The run's coefficients ``C`` as a CSR ``(indptr, cols, coef)`` and ``α``, for an
+        implicit model (the methods with :attr:`implicit_ok` only)."""
+        raise NotImplementedError(f"method={self.name!r} does not train implicit models")
+
+    @classmethod
+    def device_need(
+        cls, n: int, m: int, d: int, K: int, band_share: float, implicit: bool, linear: bool
+    ) -> float:
+        """Modelled device bytes of a run (the array path's trainers only)."""
+        raise NotImplementedError(f"method={cls.name!r} has no device trainer")
 
     def outputs(self) -> np.ndarray:
         """The network outputs ``u(t)`` at the current weights, ``(n, K)`` (for a shard:
@@ -360,8 +372,8 @@ class TreeTrainer(Trainer):
             with self.timer("update"):
                 Z = W[rows]
                 V = None if self.vel is None else self.vel[rows]
-                explicit_update(Z, V, grad, step)
-                if V is not None:
+                explicit_update(Z, V, grad, step)  # type: ignore[arg-type]  # V: None without momentum
+                if self.vel is not None and V is not None:
                     self.vel[rows] = V
                 self.tree.update_many(rows, Z)
         return moved
@@ -391,25 +403,31 @@ class Prepared:
     every shard, and :meth:`start` turns it into the trainer."""
 
     def __init__(self, trainer: Trainer) -> None:
-        self._trainer = trainer
+        self._trainer: Trainer | None = trainer
+
+    @property
+    def _ready(self) -> Trainer:
+        if self._trainer is None:
+            raise RuntimeError("this prepared trainer was started already")
+        return self._trainer
 
     def initial_fire_sets(self) -> tuple[np.ndarray, np.ndarray]:
-        return self._trainer.initial_fire_sets()
+        return self._ready.initial_fire_sets()
 
     def ntk(self) -> np.ndarray | None:
-        return self._trainer.ntk()
+        return self._ready.ntk()
 
     @property
     def info(self) -> dict[str, Any]:
-        return self._trainer.info
+        return self._ready.info
 
     @property
     def width(self) -> int:
-        return self._trainer.width
+        return self._ready.width
 
     def start(self, lr: float) -> Trainer:
         """The trainer, complete, with learning rate ``lr``."""
-        trainer, self._trainer = self._trainer, None
+        trainer, self._trainer = self._ready, None
         trainer._begin(lr)
         return trainer
 

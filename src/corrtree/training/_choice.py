@@ -15,6 +15,7 @@ path; a refusal names a width, and the methods, that would fit.
 from __future__ import annotations
 
 import inspect
+import math
 import numbers
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -24,6 +25,7 @@ import numpy as np
 from .. import _config, _validation
 from .._validation import check_memory, widest_fitting
 from ..model import TwoLayerReLU
+from ._base import Trainer
 from ._registry import DEVICE_TRAINERS, TRAINERS
 from .costs import coherence, estimate, fire_share, memory_need
 from .optim import SGD
@@ -41,7 +43,7 @@ __all__ = [
 ]
 
 
-def _registry(on_device: bool) -> dict[str, type]:
+def _registry(on_device: bool) -> dict[str, type[Trainer]]:
     return DEVICE_TRAINERS if on_device else TRAINERS
 
 
@@ -183,9 +185,9 @@ def choose_method(
 
 def _band_share(X: np.ndarray, model: TwoLayerReLU, options: dict[str, Any]) -> float:
     band = options.get("band")
-    if isinstance(band, bool) or not isinstance(band, numbers.Real) or not band >= 0:
+    if isinstance(band, bool) or not isinstance(band, numbers.Real) or not float(band) >= 0:
         band = _config.BAND  # the trainer names a bad band itself
-    return fire_share(np.linalg.norm(X, axis=1), model.b - band)
+    return fire_share(np.linalg.norm(X, axis=1), model.b - float(band))
 
 
 def shard_need(
@@ -209,7 +211,7 @@ def _needs(
     options: dict[str, Any],
     device: Any,
     shards: int,
-) -> tuple[Callable[[str], Callable[[int], float]], float, str, float, dict[str, type]]:
+) -> tuple[Callable[[str], Callable[[int], float]], float, str, float, dict[str, type[Trainer]]]:
     """Modelled bytes by method and width, the bytes free, whose they are, the bytes the
     model itself takes per neuron there, and the methods (host or device)."""
     n, d = X.shape
@@ -289,3 +291,40 @@ def slices(m: int, count: int) -> list[tuple[int, int]]:
     shards of :mod:`corrtree.distributed`)."""
     bounds = np.linspace(0, m, count + 1).round().astype(int)
     return [(int(bounds[k]), int(bounds[k + 1])) for k in range(count)]
+
+
+def check_lr(lr: object) -> float | str:
+    """``lr`` of a run: ``"auto"`` or a finite float > 0, or one line naming it."""
+    if isinstance(lr, str):
+        if lr != "auto":
+            raise ValueError(f"lr must be a positive number or 'auto', got {lr!r}")
+        return lr
+    if isinstance(lr, bool) or not isinstance(lr, numbers.Real):
+        raise ValueError(f"lr must be a positive number or 'auto', got {lr!r}")
+    if not math.isfinite(float(lr)) or float(lr) <= 0:
+        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
+    return float(lr)
+
+
+def check_iters(iters: object, name: str = "iters") -> int:
+    """A count of steps (``iters``, ``checkpoint_every``, ...): an integer >= 0."""
+    if isinstance(iters, bool) or not isinstance(iters, numbers.Integral) or int(iters) < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {iters!r}")
+    return int(iters)
+
+
+def check_device(device: Any, method: str, client: Any, shards: Any) -> Any:
+    """The device of a run with ``device=`` (resolved), or one line saying why the run
+    cannot go there."""
+    from .._device import resolve
+
+    dev = resolve(device)
+    if client is not None or shards is not None:
+        raise ValueError("device= runs in one process: leave out client and shards")
+    if method != "auto" and method not in DEVICE_TRAINERS:
+        on = ", ".join(repr(k) for k in DEVICE_TRAINERS)
+        raise ValueError(
+            f"method={method!r} has no device path; on a device use method={on} "
+            f"(or device=None for the CPU trainers)"
+        )
+    return dev

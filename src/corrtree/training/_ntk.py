@@ -343,8 +343,10 @@ def lambda_max(
     not read (and may be ``None``) when :func:`formed_is_used` of ``H``.
     """
     order = G.shape[0] * a.shape[1]
-    if formed_is_used(H):  # H = 0 exactly when no pair fires
+    if H is not None and formed_is_used(H):  # H = 0 exactly when no pair fires
         return dense_top_eigenvalue(H) if H.any() else 0.0
+    if indptr_r is None or idx_r is None:
+        raise ValueError("lambda_max needs the fire sets unless H is formed and used")
     if idx_r.shape[0] == 0:
         return 0.0
     if order > _config.NTK_DENSE_MATVEC_LIMIT:  # even when H is given: one way for all

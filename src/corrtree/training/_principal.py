@@ -78,7 +78,7 @@ def principal_parts(X: np.ndarray, G: np.ndarray, rank: int, gain: float) -> Pri
     bound = math.sqrt(max(rest, 0.0) + slack) * _ROUND_UP
     xn = np.sqrt(np.einsum("ij,ij->i", X, X))
     # G's rounding (<= (d+2)·2⁻⁵³·||x_i||·||x_j|| an entry) and Z's, as a spectral norm
-    top = max(scale, float(np.max(xn, initial=0.0)) ** 2)
+    top = max(scale, float(np.max(xn, initial=0.0)) ** 2)  # type: ignore[arg-type]
     delta = slack + 64.0 * (n + d + 2) * (d + 2) * _U64 * top
     zz = np.einsum("ij,ij->i", Z, Z)
     g = np.sqrt(np.maximum(np.diag(G) - zz, 0.0) + delta + (k + 2) * _U64 * zz) * _ROUND_UP

@@ -46,7 +46,7 @@ def reanchor(
     certificate expired: such flips are applied and returned as
     ``(r, j, value, on)`` arrays for the caller's bookkeeping.
     """
-    out = [[] for _ in range(4)]
+    out: list[list[np.ndarray]] = [[] for _ in range(4)]
     chunk = _config.block_rows(8 * st.n, rows.shape[0], _config.REANCHOR_BLOCK_BYTES)
     pool = st.pool.arrays
     for s in range(0, rows.shape[0], chunk):
@@ -96,7 +96,8 @@ def reanchor(
         )
         for acc, arr in zip(out, flips, strict=True):
             acc.append(arr)
-    return tuple(np.concatenate(acc) for acc in out)
+    r, j, value, on = (np.concatenate(acc) for acc in out)
+    return r, j, value, on
 
 
 def _exact_rows(st: BandState, part: np.ndarray, eta_s: float, exact: np.ndarray) -> None:

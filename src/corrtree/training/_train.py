@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-import numbers
 import os
 import signal
 import threading
@@ -21,6 +19,9 @@ from ..model import TwoLayerReLU
 from ._base import Trainer
 from ._choice import (
     alternatives,
+    check_device,
+    check_iters,
+    check_lr,
     check_method,
     check_run_memory,
     choose_method,
@@ -38,24 +39,6 @@ from .losses import LOSSES, Loss, get_loss
 from .optim import SGD
 
 __all__ = ["METHODS", "TrainingDiverged", "Warmup", "resume", "train", "warmup"]
-
-
-def _check_lr(lr: object) -> float | str:
-    if isinstance(lr, str):
-        if lr != "auto":
-            raise ValueError(f"lr must be a positive number or 'auto', got {lr!r}")
-        return lr
-    if isinstance(lr, bool) or not isinstance(lr, numbers.Real):
-        raise ValueError(f"lr must be a positive number or 'auto', got {lr!r}")
-    if not math.isfinite(float(lr)) or float(lr) <= 0:
-        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
-    return float(lr)
-
-
-def _check_iters(iters: object, name: str = "iters") -> int:
-    if isinstance(iters, bool) or not isinstance(iters, numbers.Integral) or int(iters) < 0:
-        raise ValueError(f"{name} must be an integer >= 0, got {iters!r}")
-    return int(iters)
 
 
 def train(
@@ -91,13 +74,12 @@ def train(
     ``W(t+1) = W(t) - lr · ∂L/∂W(t)`` with
     ``∂L/∂w_r = (1/sqrt m) · Σ_{i: <w_r, x_i> >= b} (a_r · err_i) · x_i`` and
     ``err_i = ∂L/∂f(x_i)`` (``f(x_i) - y_i`` for the squared loss): the paper's
-    update, only ``W`` trained.  With
-    ``batch_size`` the sum runs over a batch of points, and ``momentum``,
-    ``weight_decay`` and ``schedule`` follow ``torch.optim.SGD``
-    (:mod:`corrtree.training.optim`).  Every method follows the same
-    trajectory up to floating-point rounding.  The
-    model keeps ``W(0)`` while the trainer runs and receives ``W(T)`` once,
-    at the end; a run that fails or diverges leaves it unchanged.
+    update, only ``W`` trained.  With ``batch_size`` the sum runs over a batch of
+    points, and ``momentum``, ``weight_decay`` and ``schedule`` follow
+    ``torch.optim.SGD``.  Every method follows the same trajectory up to
+    floating-point rounding.  The model keeps ``W(0)`` while the trainer runs and
+    receives ``W(T)`` once, at the end; a run that fails or diverges leaves it
+    unchanged.
 
     Parameters
     ----------
@@ -109,38 +91,54 @@ def train(
         Targets, one column per model output; for ``loss="logistic"`` labels in
         {0, 1} or {-1, +1}, for ``loss="cross_entropy"`` integer classes ``0..K-1``
         or one-hot rows.
-    method : {"auto", "dense", "dtree", "wtree", "lazy", "kernel"}
+    method : {"auto", "dense", "dtree", "wtree", "lazy", "kernel"}, default "auto"
         ``"dense"``: BLAS reference; ``"dtree"``/``"wtree"``: the paper's two
         algorithms; ``"lazy"``/``"kernel"``: exact methods whose iterations
         cost O(Σ k̃²) and O((nK)²), independent of ``d``; ``"auto"``: the
-        cheapest by a cost model (recorded in ``History.info["costs"]``).
-    lr : float or "auto"
-        Learning rate; ``"auto"`` is ``1/λ_max`` of the NTK matrix
+        cheapest by a cost model among the methods that take the run and fit in
+        memory (recorded in ``History.info["costs"]``).
+    lr : float or "auto", default "auto"
+        Learning rate; ``"auto"`` is ``1/(c·λ_max)`` of the NTK matrix
         ``H = (FᵀF/m) ∘ (XXᵀ)`` of the fire sets at initialization, computed
-        from the sparse fire sets.
+        from the sparse fire sets, with ``c`` the loss's curvature bound.
     iters : int, optional
         Number of steps ``T`` (default 100); with ``epochs``, leave it out.
-    batch_size, epochs, momentum, nesterov, weight_decay, schedule, shuffle_seed
-        The optimizer: see :class:`~corrtree.training.optim.SGD` (the batch loss
-        is ``½ Σ_{i∈B} ||f(x_i) - y_i||²``; ``batch_size=None`` is full batch).
-    eval_set : (X, y), optional
-        Held-out data whose loss is recorded after every epoch
-        (``History.epoch_test_loss``).
     callback : callable, optional
         ``callback(t, history)`` after every iteration; returning ``False``
         stops training.  ``history.current_weights()`` gives ``W(t+1)`` there.
-    patience : int
+    batch_size : int, optional
+        Points per step; ``None`` (the default) is full-batch gradient descent.
+        The batch loss sums over the batch's points only.
+    epochs : int, optional
+        Passes over the data: ``epochs·ceil(n/batch_size)`` steps.
+    momentum : float, default 0
+        ``μ`` in ``[0, 1)``, as ``torch.optim.SGD``.
+    nesterov : bool, default False
+        Nesterov momentum (needs ``momentum > 0``).
+    weight_decay : float, default 0
+        ``λ >= 0``: the L2 penalty ``λ/2·||W||²`` added to the gradient.
+    schedule : {None, "constant", "step", "cosine"} or callable, default None
+        Factor of ``lr`` at global step ``t``: ``"step"`` multiplies it by 0.1 at
+        half and at three quarters of the epochs, ``"cosine"`` is
+        ``(1 + cos(π t / T))/2`` over the ``T`` steps, a callable
+        ``schedule(t) -> float`` gives the factor itself (finite, ``>= 0``).
+    shuffle_seed : int, default 0
+        Seed of the batch permutations (one per epoch).
+    eval_set : (X, y), optional
+        Held-out data whose loss is recorded after every epoch
+        (``History.epoch_test_loss``).
+    patience : int, default 5
         Stop with :class:`TrainingDiverged` when the loss grows this many
-        iterations in a row; at once when it is not finite or exceeds
-        :data:`~corrtree._config.DIVERGED_GROWTH` times the initial loss.
+        iterations in a row; at once when it is not finite or exceeds 1e4
+        times the initial loss.
     checkpoint : path, optional
         Where to write the full training state (see :func:`resume`): every
-        ``checkpoint_every`` iterations (0: never on a schedule) and when
-        SIGINT (Ctrl-C) or SIGTERM arrives, after which
-        :class:`KeyboardInterrupt` is raised.  Written atomically.
-    checkpoint_every : int
-        See ``checkpoint``.
-    lr_retries : int
+        ``checkpoint_every`` iterations and when SIGINT (Ctrl-C) or SIGTERM
+        arrives, after which :class:`KeyboardInterrupt` is raised.  Written
+        atomically.
+    checkpoint_every : int, default 0
+        See ``checkpoint`` (0: never on a schedule).
+    lr_retries : int, default 0
         With ``lr="auto"``: when the run diverges, halve the learning rate and
         start again, up to this many times (``History.info["lr_halvings"]``).
     run_id : str, optional
@@ -148,30 +146,71 @@ def train(
     client : dask.distributed.Client, optional
         Shard the neurons over the client's workers, one contiguous slice each
         (:mod:`corrtree.distributed`); every iteration moves only ``nK``-sized
-        vectors.  ``method`` must then be a method, not ``"auto"``.
+        vectors.
     shards : int, optional
         Number of shards (default: one per worker; without a client, shards
         in this process, which gives the sharded trajectory on one machine).
     device : str or torch.device, optional
-        Run the array path on this torch device (``"cuda"``, ``"cuda:1"``, ``"cpu"``, ...;
-        needs ``corrtree[gpu]``); ``None`` (the default) runs the CPU trainers.  The
-        array path has ``method="dense"`` (float64, the CPU's trajectory to rounding);
-        ``"auto"`` picks it there.  A device that is not there, or a run whose tensors
-        do not fit in its free memory, is refused in one line before training starts.
-    loss : {"squared", "logistic", "cross_entropy"}
-        The training loss (:mod:`corrtree.training.losses`), summed over the points:
-        ``"squared"`` ``½ Σ ||f(x_i) − y_i||²`` (the paper's), ``"logistic"`` (one
-        output, two classes: binary cross-entropy of ``σ(f)``), ``"cross_entropy"``
-        (softmax over ``K >= 2`` outputs).  Every method follows the same trajectory
-        with each; ``lr="auto"`` divides ``1/λ_max`` by the loss's curvature bound
-        (1, 1/4, 1/2).  Labels that do not fit the loss are refused before training.
+        Run the array path on this torch device (``"cuda"``, ``"cuda:1"``,
+        ``"cpu"``, ...; needs ``corrtree[gpu]``): methods ``"dense"``, ``"lazy"``,
+        ``"kernel"`` and ``"auto"``, float64.  ``None`` (the default) runs the CPU
+        trainers.
+    loss : {"squared", "logistic", "cross_entropy"}, default "squared"
+        The training loss, summed over the points: ``"squared"``
+        ``½ Σ ||f(x_i) − y_i||²`` (the paper's), ``"logistic"`` (one output, two
+        classes: binary cross-entropy of ``σ(f)``), ``"cross_entropy"`` (softmax
+        over ``K >= 2`` outputs).  Every method follows the same trajectory with
+        each; ``lr="auto"`` divides ``1/λ_max`` by the loss's curvature bound
+        (1, 1/4, 1/2).
     **options
-        Method options (e.g. ``block`` for ``"dense"``, ``band`` for
-        ``"lazy"``/``"kernel"``).
+        Method options: ``block`` (dense: rows per BLAS block, default ``"auto"``),
+        ``band`` (lazy, kernel: half-width of the tracked pairs below ``b``, default
+        0.55), ``anchor_dtype`` (lazy, kernel: ``"float64"`` keeps the anchored
+        rows, ``"float32"`` none; default by memory) and ``gemm_dtype`` (lazy,
+        kernel: the set-up GEMM's precision, default ``"float32"``, exact either
+        way).
 
     Returns
     -------
     History
+        One row per iteration (loss, fired pairs, moved neurons, flips, phase
+        times), the method that ran and the run's information (``info``).
+
+    Raises
+    ------
+    ValueError
+        A bad argument (NaN or infinite data, wrong shapes, labels that do not
+        fit the loss, an unknown method, an impossible option), named in one line
+        before any kernel runs.
+    TypeError
+        An option the method does not take (the message lists those it does).
+    MemoryError
+        The run's modelled memory does not fit in the room left (host, shards or
+        device); the message names the widths and methods that would fit.
+    TrainingDiverged
+        The loss grew ``patience`` times in a row or left the finite range, after
+        ``lr_retries`` halvings.
+    KeyboardInterrupt
+        SIGINT or SIGTERM during training, after the checkpoint (if any) is
+        written.
+
+    Notes
+    -----
+    Per iteration: dense Θ(nmd); dtree and wtree about the same once every neuron
+    moves; lazy O(Σ_r k̃_r²) with ``k̃_r`` the points neuron r fires on; kernel
+    O((nK)²) plus the neurons whose certificate expires.  Set-up of lazy and
+    kernel: one float32 GEMM (``n·m·d``), ``G = XXᵀ`` (``n²·d``) and, for kernel,
+    the NTK matrix.  Compilation of the kernels happens before the run's clock
+    starts (``History.info["compile_s"]``).
+
+    Examples
+    --------
+    >>> import corrtree as ct
+    >>> ds = ct.datasets.sphere(n=64, d=8, seed=0)
+    >>> model = ct.TwoLayerReLU.init(d=8, m=256, seed=0)
+    >>> hist = ct.train(model, ds.X_train, ds.y_train, method="dense", iters=3)
+    >>> len(hist.loss), hist.method
+    (3, 'dense')
     """
     if not isinstance(model, TwoLayerReLU):
         raise ValueError(f"model must be a TwoLayerReLU, got {type(model).__name__}")
@@ -181,8 +220,8 @@ def train(
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
     if device is not None:
-        device = _check_device(device, method, client, shards)
-    lr = _check_lr(lr)
+        device = check_device(device, method, client, shards)
+    lr = check_lr(lr)
     sgd = SGD(batch_size, epochs, momentum, nesterov, weight_decay, schedule, shuffle_seed)
     if method == "auto":
         among = runnable(model, sgd, options, device is not None)
@@ -193,13 +232,13 @@ def train(
         raise ValueError("give iters or epochs, not both")
     if iters is None and epochs is not None:
         iters = epochs * -(-X.shape[0] // min(batch_size or X.shape[0], X.shape[0]))
-    iters = 100 if iters is None else _check_iters(iters)
+    iters = 100 if iters is None else check_iters(iters)
     if eval_set is not None:
         eval_set = check_eval_set(model, eval_set)
     if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
         raise ValueError(f"patience must be an integer >= 1, got {patience!r}")
-    checkpoint_every = _check_iters(checkpoint_every, "checkpoint_every")
-    lr_retries = _check_iters(lr_retries, "lr_retries")
+    checkpoint_every = check_iters(checkpoint_every, "checkpoint_every")
+    lr_retries = check_iters(lr_retries, "lr_retries")
     if shards is not None and (
         isinstance(shards, bool) or not isinstance(shards, int) or shards < 1
     ):
@@ -300,23 +339,6 @@ def warmup(methods: str | Iterable[str] = WARM_METHODS) -> Warmup:
             seconds += took.seconds
             compiled += took.compiled
     return Warmup(seconds, compiled)
-
-
-def _check_device(device: Any, method: str, client: Any, shards: Any):
-    """The device of a run with ``device=`` (resolved), or one line saying why the run
-    cannot go there."""
-    from .._device import resolve
-
-    dev = resolve(device)
-    if client is not None or shards is not None:
-        raise ValueError("device= runs in one process: leave out client and shards")
-    if method != "auto" and method not in DEVICE_TRAINERS:
-        on = ", ".join(repr(k) for k in DEVICE_TRAINERS)
-        raise ValueError(
-            f"method={method!r} has no device path; on a device use method={on} "
-            f"(or device=None for the CPU trainers)"
-        )
-    return dev
 
 
 def _make(
@@ -469,7 +491,7 @@ def resume(
             client,
             callback,
             checkpoint,
-            None if iters is None else _check_iters(iters),
+            None if iters is None else check_iters(iters),
             shards,
             run,
         )
@@ -482,7 +504,7 @@ def resume(
     model, trainer, hist, meta = load_checkpoint(path, Xc, Y, Xc @ Xc.T, dev)
     hist.info["compile_s"], hist.info["compiled"] = took.seconds, took.compiled
     if iters is not None:
-        meta["iters"] = _check_iters(iters)
+        meta["iters"] = check_iters(iters)
     return model, _run(model, trainer, hist, meta, callback, checkpoint or path, run)
 
 
@@ -552,10 +574,10 @@ def write_weights(model: TwoLayerReLU, trainer: Trainer) -> None:
     model's rows hold ``W(0)`` until then, the band trainers read it from them,
     and each block depends on its own rows of ``W(0)`` only
     (:meth:`~._base.Trainer.write_weights`).  An implicit model takes the run's
-    coefficients instead (:meth:`~.band.BandTrainer.implicit_update`): no ``m×d``.
+    coefficients instead (``BandTrainer.implicit_update``): no ``m×d``.
     """
     if model.implicit:
-        model._src = model._src.absorb(trainer.X, *trainer.implicit_update())
+        model.absorb_update(trainer.X, *trainer.implicit_update())
         return
     block = _config.block_rows(8 * model.d, model.m, _config.WEIGHTS_BLOCK_BYTES)
     for s in range(0, model.m, block):

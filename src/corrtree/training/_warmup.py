@@ -46,7 +46,7 @@ WARM_METHODS = ("dense", "dtree", "wtree", "lazy", "kernel")
 #: fills the cache: what it has not written yet, the caller compiled itself).
 _HELPER_WAIT = 2.0
 
-_warm: set[tuple[str, bool]] = set()  # (method, linear steps) loaded in this process
+_warm: set[tuple[str, bool, bool]] = set()  # (method, linear steps, implicit) loaded here
 _busy = False  # a warm-up is running: its own train() calls do not warm up again
 
 
@@ -84,7 +84,7 @@ class _CompileCounter:
         self._guard.__enter__()
         return self._count
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self._guard.__exit__(*exc)
 
 
@@ -111,19 +111,19 @@ def _late_kernels(method: str) -> None:
         size = _heap.push_all(keys, ids, 0, np.arange(2), np.zeros((2, SIGMA + 1)))
         _heap.pop_due(keys, ids, size, 0.0)
         # its flips written in place by several threads, which the tiny runs apply by rows
-        t = TRAINERS["kernel"](model, X, tiny.y_train, X @ X.T, "auto")
+        t: Any = TRAINERS["kernel"](model, X, tiny.y_train, X @ X.T, "auto")
         none = np.empty(0, dtype=np.int64)
         args = (t.store.seg, t.store.pool.arrays, t.u, t.H, t.a, t.G, t.b, t.scale)
         _flips._apply_flips(
             none, none, np.empty(0), np.empty(0, np.bool_), *args, float(t.width), 2
         )
-    fire = keys_to_csr(np.flatnonzero(model.W @ X.T >= model.b), model.m, X.shape[0])
+    indptr, idx = keys_to_csr(np.flatnonzero(model.W @ X.T >= model.b), model.m, X.shape[0])
     v = np.ones((X.shape[0], a.shape[1]))
     f32 = (X.astype(np.float32), a.astype(np.float32), v.astype(np.float32))
-    _ntk._ntk_matvec_data(*fire, *f32, _ntk._work_bounds(fire[0], 2), float(model.m))
-    _ntk.ntk_matvec(*fire, X @ X.T, a)(v.ravel())
-    _ntk.NTKOperator(*fire, X @ X.T, np.array(a), X).ritz(v[:, 0])
-    _ntk._fire_set_norms(*fire, X, np.ones(X.shape[0]), np.array([0, model.m]))
+    _ntk._ntk_matvec_data(indptr, idx, *f32, _ntk._work_bounds(indptr, 2), float(model.m))
+    _ntk.ntk_matvec(indptr, idx, X @ X.T, a)(v.ravel())
+    _ntk.NTKOperator(indptr, idx, X @ X.T, np.array(a), X).ritz(v[:, 0])
+    _ntk._fire_set_norms(indptr, idx, X, np.ones(X.shape[0]), np.array([0, model.m]))
 
 
 def _tiny_runs(train: Callable[..., Any], method: str, linear: bool) -> None:
@@ -144,7 +144,7 @@ def _helper(method: str) -> None:
     _late_kernels(method)
     small, model = _small()
     X = small.X_train
-    trainer = TRAINERS[method](model, X, small.y_train, X @ X.T, "auto")
+    trainer: Any = TRAINERS[method](model, X, small.y_train, X @ X.T, "auto")
     trainer._reanchor(np.arange(model.m, dtype=np.int64))
 
 
@@ -207,7 +207,7 @@ def _implicit_runs(train: Callable[..., Any], method: str, linear: bool) -> None
     model = TwoLayerReLU.init(d=256, m=4096, outputs=2, implicit=True)
     for _ in range(2):
         train(model, small.X_train, small.y_train, method=method, iters=3, **options)
-    model._src.take(np.arange(3, dtype=np.int64))
+    model.weight_source.take(np.arange(3, dtype=np.int64))
     model.predict(small.X_train)
 
 

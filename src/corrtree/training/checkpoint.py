@@ -86,7 +86,7 @@ def save_checkpoint(
     }
     manifest["digest"] = digest_of(manifest, arrays)
     atomic_savez(path, manifest=np.array(json.dumps(manifest)), **arrays)
-    return manifest["digest"]
+    return str(manifest["digest"])
 
 
 def read_manifest(path: str | os.PathLike, formats: tuple[str, ...] = (FORMAT,)) -> dict[str, Any]:
@@ -216,7 +216,7 @@ def model_arrays(model: TwoLayerReLU) -> dict[str, np.ndarray]:
     """The model's weights as checkpoint members: ``model_W``, or for an implicit model
     its seed, coefficients and points (``model_w_*``, :meth:`ImplicitWeights.arrays`)."""
     if model.implicit:
-        return model._src.arrays("model_w_")
+        return model.implicit_weights.arrays("model_w_")
     return {"model_W": model.W}
 
 

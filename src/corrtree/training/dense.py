@@ -79,7 +79,8 @@ class DenseTrainer(Trainer):
         self.grad = np.empty((block, self.X.shape[1]))
         self.prev_fire = prev_fire
         self._batch: np.ndarray | None = None  # the points of the last batch_outputs
-        self.u = self.fire = None  # outputs() and initial_fire_sets() compute them
+        self.u: np.ndarray | None = None  # outputs() and initial_fire_sets() compute them
+        self.fire: tuple[np.ndarray, np.ndarray] | None = None
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arrays = {"W": self.W}
@@ -140,11 +141,13 @@ class DenseTrainer(Trainer):
     def initial_fire_sets(self) -> tuple[np.ndarray, np.ndarray]:
         if self.fire is None:
             self._forward()
+        assert self.fire is not None  # a full forward pass sets it
         return self.fire
 
     def outputs(self) -> np.ndarray:
         if self.u is None:
             self._forward()
+        assert self.u is not None
         return self.u
 
     def batch_outputs(self, batch: np.ndarray) -> np.ndarray:
@@ -156,12 +159,10 @@ class DenseTrainer(Trainer):
         the last step, else on every point (``err`` is zero outside the batch)."""
         batch, self._batch = self._batch, None
         if batch is None:
-            if self.u is None:
-                self._forward()
+            indptr, idx = self.initial_fire_sets()  # this step's: the forward pass's
             Xc, errc = self.X, err
-            indptr, idx = self.fire
             flips = 0 if self.prev_fire is None else count_changed(*self.prev_fire, indptr, idx)
-            fired, moved = idx.shape[0], np.count_nonzero(np.diff(indptr))
+            fired, moved = idx.shape[0], int(np.count_nonzero(np.diff(indptr)))
         else:
             Xc, errc = self.X[batch], err[batch]
             (fired, moved), flips = self._batch_stats, 0
@@ -188,7 +189,7 @@ class DenseTrainer(Trainer):
                 else:
                     grad *= self.scale
                     V = None if self.vel is None else self.vel[s : s + self.block]
-                    explicit_update(W, V, grad, step)
+                    explicit_update(W, V, grad, step)  # type: ignore[arg-type]
         if batch is None:
             self.prev_fire = self.fire
         self.u = self.fire = None  # outputs() computes them when asked

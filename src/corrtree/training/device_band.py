@@ -98,6 +98,13 @@ class DeviceBand(Trainer):
     #: its state is its own (not the CPU trainers'): it resumes on a device only
     ARRAY_STATE = True
     device: Any = None
+    #: the padded rows' tensors (torch is optional: typed loosely)
+    W0: Any
+    w0: Any
+    F: Any
+    V: Any
+    u: Any
+    PADDED: tuple[str, ...]
     #: bytes a tracked place takes on the device, and a subclass's fixed bytes: the
     #: memory check of :meth:`_bind_device`
     PLACE_BYTES = 41.0

@@ -45,6 +45,11 @@ class DeviceDenseTrainer(Trainer):
     name = "dense"
     SCHEMA = DenseTrainer.SCHEMA
     device: Any = None
+    #: tensors on the device (torch is optional: typed loosely)
+    u: Any
+    mask: Any
+    prev: Any
+    Vt: Any
 
     @classmethod
     def device_need(
@@ -87,7 +92,7 @@ class DeviceDenseTrainer(Trainer):
             self.prev = self._mask_of(*prev_fire)
         self.u = None
         self.mask = None  # this iteration's fire mask over all points (m × n, bool)
-        self._batch = None
+        self._batch: np.ndarray | None = None
 
     def _tensor(self, arr: np.ndarray):
         """A float64 copy of ``arr`` on the device (the host array stays untouched)."""
@@ -193,7 +198,7 @@ class DeviceDenseTrainer(Trainer):
                 else:
                     grad *= self.scale
                     V = None if self.Vt is None else self.Vt[s : s + self.block]
-                    explicit_update(W, V, grad, step)  # in-place ops: tensors too
+                    explicit_update(W, V, grad, step)  # type: ignore[arg-type]  # tensors too
         if batch is None:
             self.prev = mask
         self.u = self.mask = None

@@ -78,6 +78,11 @@ class DeviceKernelTrainer(DeviceBand):
     )
     PADDED = ("uref", "cref", "kappa", "F", "key")
     PAD_FILL: ClassVar[dict[str, float]] = {"key": np.inf}  # a pad is never due
+    #: tensors made after the first anchoring, or per step (torch is optional)
+    key: Any
+    Jf: Any
+    XNf: Any
+    u_dev: Any
     # J, uref, cref, κ, F, key, and the visits' gathers
     PLACE_BYTES = 49.0 + 24.0
 

@@ -53,7 +53,7 @@ class DTreeTrainer(TreeTrainer):
 
     def advance(self, err: np.ndarray, step: LinearStep | None = None) -> dict[str, Any]:
         indptr, idx = self._query()
-        flips = self._flips(self.prev_fire_i, self.fire_i)
+        flips = self._flips(self.prev_fire_i, (indptr, idx))
         with self.timer("backward"):
             fire_r = transpose_csr(indptr, idx, self.m)
         moved = self._gradient_step(fire_r, err, step)

@@ -146,7 +146,8 @@ class History:
         return len(self.loss)
 
     def append(self, **row: Any) -> None:
-        """Record one iteration; every column of :data:`COLUMNS` must be given."""
+        """Record one iteration; every per-iteration column (``loss``, ``fired_pairs``,
+        ...) must be given."""
         missing = set(COLUMNS) - set(row)
         if missing:
             raise ValueError(f"missing columns {sorted(missing)}")
@@ -211,7 +212,8 @@ class History:
         atomic_write_json(path, self.as_dict())
 
     def to_csv(self, path: str | os.PathLike) -> None:
-        """One row per iteration (``iteration`` plus :data:`COLUMNS`), written atomically."""
+        """One row per iteration (``iteration`` plus every per-iteration column),
+        written atomically."""
         buf = io.StringIO()
         writer = csv.writer(buf)
         writer.writerow(("iteration", *COLUMNS))

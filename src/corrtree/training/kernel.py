@@ -295,9 +295,7 @@ class KernelTrainer(BandTrainer):
         self.evaluated = 0
         return row
 
-    def _visit(
-        self, rows: np.ndarray, full: bool, ahead: float
-    ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    def _visit(self, rows: np.ndarray, full: bool, ahead: float) -> tuple[np.ndarray, Any]:
         """:func:`visit_rows` on ``rows`` (``full``: every ever-fired value; ``ahead``: see
         :func:`lookahead`); returns the mask of the rows to re-anchor and the flips as
         ``(r, j, value, on)`` arrays."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 __all__ = ["LOSSES", "Loss", "get_loss"]
 
@@ -93,7 +94,7 @@ class Loss(NamedTuple):
         raise ValueError(f"loss={self.name!r} gives no probabilities")
 
     def targets(
-        self, y: object, n: int, outputs: int, name: str = "y", training: bool = True
+        self, y: ArrayLike, n: int, outputs: int, name: str = "y", training: bool = True
     ) -> np.ndarray:
         """``y`` as the float64 ``(n, outputs)`` targets of this loss, or one line naming
         ``name`` when they do not fit it: the logistic loss takes labels in {0, 1} or

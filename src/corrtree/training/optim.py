@@ -165,7 +165,11 @@ class Optimizer:
     def restore(self, state: dict[str, Any]) -> None:
         alpha, beta = state.get("alpha"), state.get("beta")
         if not (
-            all(isinstance(v, float) and math.isfinite(v) for v in (alpha, beta)) and alpha > 0
+            isinstance(alpha, float)
+            and isinstance(beta, float)
+            and math.isfinite(alpha)
+            and math.isfinite(beta)
+            and alpha > 0
         ):
             raise ValueError(f"bad optimizer state {state!r}")
         self.alpha, self.beta = alpha, beta
@@ -199,7 +203,7 @@ class Optimizer:
             return 0.1 ** sum(e >= mark for mark in {epochs // 2, 3 * epochs // 4} if mark > 0)
         if s == "cosine":
             return 0.5 * (1.0 + math.cos(math.pi * t / max(1, self.steps)))
-        f = s(t)
+        f = s(t) if callable(s) else None  # SGD checked the names
         if isinstance(f, bool) or not isinstance(f, numbers.Real) or not 0 <= float(f) < math.inf:
             raise ValueError(f"schedule({t}) must be a finite number >= 0, got {f!r}")
         return float(f)
