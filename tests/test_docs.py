@@ -127,3 +127,18 @@ def test_guides_are_in_the_toctree():
     index = (DOCS / "index.md").read_text()
     for guide in sorted((DOCS / "guides").glob("*.md")):
         assert f"guides/{guide.stem}" in index, guide.name
+
+
+def _python_blocks(path: Path) -> str:
+    return "\n".join(re.findall(r"```python\n(.*?)```", path.read_text(), re.S))
+
+
+@pytest.mark.parametrize(
+    "guide", sorted(p.name for p in (DOCS / "guides").glob("*.md") if _python_blocks(p))
+)
+def test_guide_code_runs(guide, tmp_path, monkeypatch):
+    """Each guide's Python blocks, in order, as a reader would paste them (the GPU guide's
+    ``device="cuda"`` runs on the CPU here, as the device tests do)."""
+    code = _python_blocks(DOCS / "guides" / guide).replace('device="cuda"', 'device="cpu"')
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, guide, "exec"), {"__name__": "__guide__"})

@@ -113,7 +113,7 @@ def digits(test_size: float = 0.25, seed: int = 0, standardize: bool = False) ->
 
     Each image's pixel vector is scaled to unit norm, after standardizing every
     pixel with the training split's statistics if ``standardize`` (centred data
-    is far less coherent: mean |cos| 0.2 instead of 0.8); the split is
+    is far less coherent: mean ``|cos|`` 0.2 instead of 0.8); the split is
     stratified and seeded (``test_size=0`` keeps all 1797 points for training).
     """
     from sklearn.datasets import load_digits

@@ -71,7 +71,7 @@ class FiringDetector:
     exact, so an overflow is detected in O(n).
 
     Init O(nmd) (blocked GEMM); update O(n·d) per row plus O(log_64 m) per
-    changed pair; query O(n + |Q|·log_64 m).
+    changed pair; query ``O(n + |Q|·log_64 m)``.
 
     Examples
     --------

@@ -142,7 +142,7 @@ class _CorrelationTrees:
 
         Notes
         -----
-        Output-sensitive: O(|output| * depth * BRANCH + n_trees) time, run in
+        Output-sensitive: ``O(|output| · depth · BRANCH + n_trees)`` time, run in
         parallel over trees (one counting and one filling pass).
         """
         tau = check_real("tau", tau, allow_inf=True)
@@ -217,7 +217,7 @@ class CorrelationDTree(_CorrelationTrees):
     def query(self, i: int, tau: float) -> np.ndarray:
         """Sorted int64 array of every ``r`` with ``<w_r, x_i> >= tau``.
 
-        O(|output| · BRANCH · log_B m).
+        ``O(|output| · BRANCH · log_B m)``.
         """
         i = check_index("i", i, self.n)
         return self._query_tree(i, check_real("tau", tau, allow_inf=True))
@@ -261,7 +261,7 @@ class CorrelationWTree(_CorrelationTrees):
     def query(self, r: int, tau: float) -> np.ndarray:
         """Sorted int64 array of every ``i`` with ``<w_r, x_i> >= tau``.
 
-        O(|output| · BRANCH · log_B n).
+        ``O(|output| · BRANCH · log_B n)``.
         """
         r = check_index("r", r, self.m)
         return self._query_tree(r, check_real("tau", tau, allow_inf=True))
