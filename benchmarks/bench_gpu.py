@@ -3,10 +3,19 @@ two W1 variants), and the CPU trainers' scaling with the machine's cores.
 
 Usage: PYTHONPATH=src python3 benchmarks/bench_gpu.py [--size small|large] [--out DIR]
 (``--size large`` on a CUDA device; ``--size small`` runs on the CPU in minutes.)
+With ``--count`` it runs on the CPU instead: the device path counted step by step
+(launches, host synchronizations, gathers, flops, bytes) and priced for an H200 by a
+model validated on PyTorch dense (``corrtree.bench.device_count``).
 """
 
+import sys
+
 import corrtree  # noqa: F401  (first: it sets the BLAS threads up before numpy loads)
-from corrtree.bench import gpu, script
+from corrtree.bench import device_count, gpu, script
 
 if __name__ == "__main__":
-    script(gpu.run, gpu.SIZES, __doc__, __file__)
+    if "--count" in sys.argv:
+        sys.argv.remove("--count")
+        script(device_count.run_count, device_count.COUNT_SIZES, __doc__, __file__)
+    else:
+        script(gpu.run, gpu.SIZES, __doc__, __file__)

@@ -699,6 +699,56 @@ def gpu(res: dict) -> str:
     return f"Device: {res['device_name']} ({res['device']}).\n\n{gpu_runs(res)}"
 
 
+def gpu_count(res: dict) -> str:
+    """The model's validation on PyTorch dense, then the device methods' modelled whole
+    runs and their worst step counts beside #46's step targets."""
+    rows = [
+        [name, f"{v['measured_s']:.3g} s", f"{v['modelled_s']:.3g} s", f"{v['ratio']:.2f}"]
+        for name, v in res["dense_validation"].items()
+    ]
+    out = [
+        "PyTorch dense float64 on an H200, measured there and modelled from its counted "
+        "step (scaled to the width; `W1 at 2^k`: one step):",
+        "",
+        _table(["run", "measured", "modelled", "modelled / measured"], rows),
+        "",
+        "The device methods counted here, priced for an H200 (modelled, not measured), "
+        "beside PyTorch dense float64 modelled at the same width; counts are the worst "
+        "step after the first three (launches / host synchronizations; targets 150 / 2):",
+        "",
+    ]
+    rows = []
+    for name, case in res["results"].items():
+        for method, r in case["runs"].items():
+            later = (r.get("targets") or {}).get("later")
+            worst = f"{later['launches']} / {later['syncs']}" if later else "–"
+            star = "*" if r["extrapolated"] else ""
+            rows.append(
+                [
+                    f"{name} n={case['n']} d={case['d']} K={case['K']}",
+                    _pow2(case["m"]),
+                    method,
+                    f"{r['modelled_s']:.3g} s{star}",
+                    f"{case['torch_dense']['modelled_s']:.3g} s",
+                    _x(r["vs_torch_dense"]),
+                    worst,
+                ]
+            )
+    out.append(
+        _table(
+            ["workload", "m", "method", "modelled", "PyTorch dense", "vs PyTorch", "worst step"],
+            rows,
+        )
+    )
+    out += ["", f"\\* the steps past the {_counted(res)} counted at the median of the last five."]
+    return "\n".join(out)
+
+
+def _counted(res: dict) -> str:
+    counted = sorted({c["steps_counted"] for c in res["results"].values()})
+    return " or ".join(str(c) for c in counted)
+
+
 SUITES = {
     "workloads": (
         "bench_workloads.py",
@@ -733,8 +783,17 @@ SUITES = {
         "corrtree's array path (`device=`) on one GPU against PyTorch dense gradient descent "
         "with explicit gradients on that GPU (float64, float32 with TF32 off, TF32), on the "
         'same data, model, learning rate and iterations; whole runs with `lr="auto"`; first '
-        "losses equal to PyTorch float64's to 1e-9 and final losses of the whole runs to each "
-        "other's (asserted).",
+        "losses equal to PyTorch float64's to 1e-9 and final weights of the whole runs to each "
+        "other's (recorded: a disagreement does not end the suite).",
+    ),
+    "gpu_count": (
+        "bench_gpu.py --count",
+        "The device path counted on the CPU, modelled for an H200",
+        'Each step of the device trainers run on `device="cpu"` and counted by a torch '
+        "dispatch mode (launches, host synchronizations, uploads, gathered entries, flops, "
+        "bytes; `corrtree.bench.device_count`), priced with primitive rates measured on an "
+        "H200 and its datasheet bandwidth. The model is checked first on PyTorch's own dense "
+        "loop, whose whole runs were measured on the H200.",
     ),
     "sgd": (
         "bench_sgd.py",
@@ -782,6 +841,7 @@ FORMATS = {
     "sgd": sgd,
     "wide": wide,
     "gpu": gpu,
+    "gpu_count": gpu_count,
 }
 
 BEGIN, END = "<!-- results-table -->", "<!-- /results-table -->"

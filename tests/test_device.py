@@ -159,8 +159,9 @@ def test_estimator_and_cli_take_a_device(tmp_path):
 
 def test_gpu_benchmark_runs_on_the_cpu(tmp_path, monkeypatch):
     """``benchmarks/bench_gpu.py``'s measurement, shrunk, on ``device="cpu"``: the first
-    losses of every device method agree with PyTorch float64 (asserted inside), and the
-    JSON holds every run."""
+    losses of every device method agree with PyTorch float64 and the whole runs' weights
+    with each other (recorded in the JSON, not asserted there: a disagreement on a device
+    must not end the suite), its plan is printed first, and the JSON holds every run."""
     import json
 
     from corrtree.bench import gpu
@@ -170,6 +171,12 @@ def test_gpu_benchmark_runs_on_the_cpu(tmp_path, monkeypatch):
     gpu.run("tiny", str(tmp_path))
     res = json.loads((tmp_path / "gpu_tiny.json").read_text())
     assert set(res["results"]) == {"W5", "W1 lr/2"}
+    assert 0 < res["plan"]["planned_s"] <= gpu.PLAN_LIMIT_S
+    for case in res["results"].values():
+        for method in ("dense", "lazy", "kernel", "auto"):
+            assert case["runs"][method]["first_loss_agrees"], method
+            if not case["runs"][method]["extrapolated"]:
+                assert case["runs"][method]["weights_agree"], method
     runs = res["results"]["W1 lr/2"]["runs"]
     assert {"dense", "auto", "torch float64", "torch float32", "torch tf32"} <= set(runs)
     assert runs["dense"]["lr"] == pytest.approx(runs["auto"]["lr"])

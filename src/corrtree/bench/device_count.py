@@ -1,0 +1,498 @@
+"""The device path counted on the CPU and priced for an H200 (``bench_gpu.py --count``).
+
+A GPU step costs its launches, its host synchronizations and its work; all three can be
+counted with torch on ``device="cpu"``, where the same code runs.  :class:`OpCounter`
+sees every aten operation a step dispatches (``TorchDispatchMode``) and counts
+
+- *launches*: every operation that would be a CUDA kernel (not views, reshapes,
+  allocations or other metadata);
+- *host synchronizations*: a scalar read (``item``, ``int``/``float``/``bool`` of a
+  tensor), ``nonzero``, boolean-mask indexing (it calls ``nonzero``), ``masked_select``,
+  ``unique``, ``bincount``, ``segment_reduce``'s checks, ``repeat_interleave`` by a tensor,
+  and a device-to-host transfer (``numpy()``, ``tolist()``);
+- *uploads*: host-to-device copies of host data (``torch.as_tensor`` and friends), with
+  their bytes; a pageable upload synchronizes, so it is priced as one;
+- *work*: matrix-product flops by precision, gathered and scattered entries, and the
+  bytes every other operation reads and writes.
+
+:func:`modelled_seconds` prices counts with :data:`H200`, primitive rates measured on an
+NVIDIA H200 (float64 and float32 GEMMs, gathers from a resident matrix, launches and
+synchronizations) and its memory bandwidth from the datasheet, each operation at the
+slower of its arithmetic and its memory traffic (a roofline), plus its launch.  The
+model is validated on PyTorch's own dense loop, whose whole runs were measured there
+(:data:`MEASURED_DENSE`): :func:`validate_dense` counts that loop here and compares.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "H200",
+    "MEASURED_DENSE",
+    "Counts",
+    "OpCounter",
+    "count_dense_step",
+    "count_train",
+    "modelled_seconds",
+    "validate_dense",
+]
+
+#: Primitive rates of one NVIDIA H200 (PyTorch 2.11, CUDA events, median of 20;
+#: ``docs/design.md``, "The array path"): ``G = XXᵀ`` at n = 2048, d = 768 in float64 took
+#: 0.12 ms (53.7 Tflop/s); W4's float32 set-up GEMM 2^18×784×4096 32 ms (52.6 Tflop/s);
+#: 14 M gathers from a resident G plus a row sum 0.42 ms (3.3e10 entries/s); launches
+#: 5-10 µs and synchronizations 15-30 µs (the middle of each is taken).  The memory
+#: bandwidth is the datasheet's 4.8 TB/s de-rated to what streaming kernels reach
+#: (about 85%): not measured.
+H200: dict[str, float] = {
+    "flops64_per_s": 53.7e12,
+    "flops32_per_s": 52.6e12,
+    "gathers_per_s": 3.3e10,
+    "scatters_per_s": 3.3e10 / 8.5,  # deterministic index_add_: 8.5× a gather (3.6 ms)
+    "bytes_per_s": 4.1e12,
+    "launch_s": 7.5e-6,
+    "sync_s": 22.5e-6,
+}
+
+#: PyTorch dense float64 gradient descent measured on one H200 (explicit gradients, whole
+#: runs synchronized; ``docs/design.md``): the workload, its shape (n, d, K, m,
+#: iterations) and seconds.  ``"W1 at 2^20"`` and ``"W1 at 2^22"`` are seconds a step.
+MEASURED_DENSE: dict[str, dict[str, Any]] = {
+    "W1": {"n": 1024, "d": 784, "K": 1, "m": 2**17, "iters": 300, "seconds": 3.59},
+    "W2": {"n": 2048, "d": 768, "K": 1, "m": 2**16, "iters": 200, "seconds": 2.15},
+    "W3": {"n": 1797, "d": 64, "K": 10, "m": 2**17, "iters": 100, "seconds": 0.69},
+    "W4": {"n": 4096, "d": 784, "K": 1, "m": 2**18, "iters": 50, "seconds": 4.52},
+    "W5": {"n": 569, "d": 30, "K": 1, "m": 2**16, "iters": 300, "seconds": 0.33},
+    "W1 at 2^20": {"n": 1024, "d": 784, "K": 1, "m": 2**20, "iters": 1, "seconds": 0.096},
+    "W1 at 2^22": {"n": 1024, "d": 784, "K": 1, "m": 2**22, "iters": 1, "seconds": 0.393},
+}
+
+# operations that move no data and launch nothing (views, shapes, allocations)
+_METADATA = frozenset(
+    {
+        "view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided", "t",
+        "transpose", "expand", "slice", "select", "unsqueeze", "squeeze", "permute",
+        "detach", "alias", "unbind", "split", "split_with_sizes", "chunk", "narrow",
+        "diagonal", "empty", "empty_strided", "empty_like", "lift_fresh",
+        "_local_scalar_dense", "resize_", "set_", "is_nonzero", "sym_size", "sym_stride",
+        "view_as_real", "view_as_complex", "_nested_tensor_from_mask", "unfold",
+        "expand_as", "movedim", "squeeze_", "unsqueeze_", "t_", "transpose_",
+    }
+)  # fmt: skip
+_SYNC = frozenset(
+    {
+        "_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique",
+        "_unique2", "unique_dim", "unique_consecutive", "bincount", "segment_reduce",
+        "nonzero_numpy", "argwhere", "masked_scatter",
+    }
+)  # fmt: skip
+_GEMM = frozenset({"mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot", "vdot"})
+_GATHER = frozenset({"index", "gather", "index_select", "take", "embedding", "take_along_dim"})
+_SCATTER = frozenset(
+    {"index_put", "index_put_", "scatter", "scatter_", "scatter_add", "scatter_add_",
+     "index_add", "index_add_", "scatter_reduce", "scatter_reduce_", "index_copy_",
+     "index_copy", "masked_fill_"}
+)  # fmt: skip
+
+
+@dataclass
+class Counts:
+    """What a stretch of device code costs, by kind (see the module docs)."""
+
+    launches: int = 0
+    syncs: int = 0
+    uploads: int = 0
+    upload_bytes: float = 0.0
+    flops64: float = 0.0
+    flops32: float = 0.0
+    gathers: float = 0.0
+    scatters: float = 0.0
+    bytes: float = 0.0
+    #: modelled seconds of the work alone, op by op (the roofline), filled as counted
+    work_s: float = 0.0
+    ops: dict[str, int] = field(default_factory=dict)
+
+    def __sub__(self, other: Counts) -> Counts:
+        ops = {k: v - other.ops.get(k, 0) for k, v in self.ops.items()}
+        diff = {f: getattr(self, f) - getattr(other, f) for f in _FIELDS}
+        return Counts(**diff, ops={k: v for k, v in ops.items() if v})
+
+    def scaled(self, factor: float) -> Counts:
+        """The work (flops, entries, bytes) times ``factor``; launches and syncs kept:
+        a dense step at ``factor`` times the width."""
+        out = Counts(**{f: getattr(self, f) for f in _FIELDS}, ops=dict(self.ops))
+        for f in ("upload_bytes", "flops64", "flops32", "gathers", "scatters", "bytes"):
+            setattr(out, f, getattr(out, f) * factor)
+        out.work_s *= factor
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain numbers (JSON), the ten most frequent operations beside them."""
+        out = asdict(self)
+        top = sorted(self.ops.items(), key=lambda kv: -kv[1])[:10]
+        out["ops"] = dict(top)
+        return out
+
+    def copy(self) -> Counts:
+        return Counts(**{f: getattr(self, f) for f in _FIELDS}, ops=dict(self.ops))
+
+
+_FIELDS = (
+    "launches", "syncs", "uploads", "upload_bytes", "flops64", "flops32", "gathers",
+    "scatters", "bytes", "work_s",
+)  # fmt: skip
+
+
+def _tensors(tree: Any) -> Iterator[Any]:
+    import torch
+
+    if isinstance(tree, torch.Tensor):
+        yield tree
+    elif isinstance(tree, list | tuple):
+        for item in tree:
+            yield from _tensors(item)
+    elif isinstance(tree, dict):
+        for item in tree.values():
+            yield from _tensors(item)
+
+
+def _nbytes(t: Any) -> float:
+    return float(t.numel() * t.element_size())
+
+
+def _gemm_flops(name: str, args: tuple, out: Any) -> float:
+    """Multiply-adds × 2 of a matrix product from its operands' shapes."""
+    a = args[1] if name in ("addmm", "baddbmm", "addmv") else args[0]
+    if name in ("dot", "vdot"):
+        return 2.0 * a.numel()
+    k = a.shape[-1]
+    return 2.0 * out.numel() * k
+
+
+class OpCounter:
+    """Counts what the device code inside ``with OpCounter() as c:`` dispatches, into
+    ``c.counts`` (:class:`Counts`); ``rates`` prices each operation's work as it is
+    counted (:func:`modelled_seconds` adds launches and synchronizations).
+
+    Device-to-host transfers (``Tensor.numpy``, ``Tensor.tolist``) and host-to-device
+    uploads (``torch.as_tensor``, ``torch.from_numpy`` then ``to``, ``torch.tensor``) do not
+    dispatch an aten operation on the CPU; they are counted by wrapping those calls for
+    the duration.
+    """
+
+    def __init__(self, rates: dict[str, float] | None = None) -> None:
+        self.rates = H200 if rates is None else rates
+        self.counts = Counts()
+        self._mode: Any = None
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def _op(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        import torch
+
+        name = func.overloadpacket.__name__
+        c, r = self.counts, self.rates
+        c.ops[name] = c.ops.get(name, 0) + 1
+        if name in _SYNC or (
+            name in ("index", "index_put", "index_put_")
+            and any(t.dtype == torch.bool for t in _tensors(args[1]))
+        ):
+            c.syncs += 1
+        if name == "repeat_interleave" and isinstance(args[0], torch.Tensor) and len(args) > 1:
+            c.syncs += int(isinstance(args[1], torch.Tensor))
+        if name in _METADATA:
+            return
+        c.launches += 1
+        outs = list(_tensors(out))
+        moved = sum(_nbytes(t) for t in _tensors(args)) + sum(_nbytes(t) for t in outs)
+        if name in _GEMM and outs:
+            flops = _gemm_flops(name, args, outs[0])
+            if outs[0].dtype == torch.float64:
+                c.flops64 += flops
+                compute = flops / r["flops64_per_s"]
+            else:
+                c.flops32 += flops
+                compute = flops / r["flops32_per_s"]
+            c.bytes += moved
+            c.work_s += max(compute, moved / r["bytes_per_s"])
+        elif name in _GATHER and outs:
+            entries = float(outs[0].numel())
+            c.gathers += entries
+            c.bytes += 2 * _nbytes(outs[0])
+            c.work_s += max(entries / r["gathers_per_s"], 2 * _nbytes(outs[0]) / r["bytes_per_s"])
+        elif name in _SCATTER:
+            src = list(_tensors(args[2:] if len(args) > 2 else args[1:]))
+            entries = float(max((t.numel() for t in src), default=0))
+            c.scatters += entries
+            c.work_s += entries / r["scatters_per_s"]
+        else:
+            c.bytes += moved
+            c.work_s += moved / r["bytes_per_s"]
+
+    def _wrap(self, owner: Any, attr: str, kind: str) -> None:
+        original = getattr(owner, attr)
+        counter = self
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            c = counter.counts
+            if kind == "download":
+                c.syncs += 1
+                c.launches += 1
+            else:
+                for t in _tensors(out):
+                    c.uploads += 1
+                    c.launches += 1
+                    c.upload_bytes += _nbytes(t)
+            return out
+
+        self._saved.append((owner, attr, original))
+        setattr(owner, attr, wrapped)
+
+    def __enter__(self) -> OpCounter:
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                out = func(*args, **kwargs)
+                counter._op(func, args, kwargs, out)
+                return out
+
+        self._wrap(torch.Tensor, "numpy", "download")
+        self._wrap(torch.Tensor, "tolist", "download")
+        for name in ("as_tensor", "tensor", "from_numpy"):
+            self._wrap(torch, name, "upload")
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode.__exit__(*exc)
+        for owner, attr, original in reversed(self._saved):
+            setattr(owner, attr, original)
+        self._saved.clear()
+
+
+def modelled_seconds(c: Counts, rates: dict[str, float] | None = None) -> float:
+    """Modelled device seconds of counts ``c``: the work's roofline, every launch and every
+    synchronization (a pageable upload synchronizes), and the uploads' bytes over PCIe at
+    the bandwidth of the host link (about 50 GB/s)."""
+    r = H200 if rates is None else rates
+    return (
+        c.work_s
+        + c.launches * r["launch_s"]
+        + (c.syncs + c.uploads) * r["sync_s"]
+        + c.upload_bytes / 50e9
+    )
+
+
+def count_dense_step(n: int, d: int, K: int, m: int, seed: int = 0) -> Counts:
+    """The counts of one step of PyTorch's dense loop (:func:`~.gpu.torch_dense`, float64)
+    at ``(n, d, K, m)``, on the CPU."""
+    import torch
+
+    from .gpu import dense_step
+
+    rng = np.random.default_rng(seed)
+    X = torch.as_tensor(rng.standard_normal((n, d)))
+    Y = torch.as_tensor(rng.standard_normal((n, K)))
+    A = torch.as_tensor(rng.choice([-1.0, 1.0], size=(m, K)))
+    W = torch.as_tensor(rng.standard_normal((m, d)))
+    b = math.sqrt(0.4 * math.log(m))
+    dense_step(W, X, Y, A, b, 1e-3)  # warm: the first call allocates
+    with OpCounter() as counter:
+        dense_step(W, X, Y, A, b, 1e-3)
+    return counter.counts
+
+
+def validate_dense(count_m: int = 2**12) -> dict[str, dict[str, float]]:
+    """The model against :data:`MEASURED_DENSE`: each workload's dense step counted at
+    width ``count_m`` (dense's work is linear in ``m``; its launches and synchronizations
+    do not depend on it), scaled to the workload's width, priced, times its iterations.
+    Returns measured and modelled seconds and their ratio by workload."""
+    out = {}
+    for name, w in MEASURED_DENSE.items():
+        step = count_dense_step(w["n"], w["d"], w["K"], count_m).scaled(w["m"] / count_m)
+        modelled = modelled_seconds(step) * w["iters"]
+        out[name] = {
+            "measured_s": w["seconds"],
+            "modelled_s": modelled,
+            "ratio": modelled / w["seconds"],
+            "launches_per_step": step.launches,
+            "syncs_per_step": step.syncs,
+        }
+    return out
+
+
+@contextmanager
+def _h200_memory(free: float = 139.0 * 2**30) -> Iterator[None]:
+    """The device trainers' chunk and bucket sizes as on an H200: their free-memory reads
+    answer ``free`` (the counting sizes are chosen to fit this host)."""
+    from ..training import device_band, device_dense, device_kernel
+
+    modules = (device_band, device_dense, device_kernel)
+    saved = [m.free_bytes for m in modules]
+    for m in modules:
+        m.free_bytes = lambda dev: free  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        for m, f in zip(modules, saved, strict=True):
+            m.free_bytes = f  # type: ignore[attr-defined]
+
+
+def count_train(
+    train: Callable[..., Any], model: Any, X: np.ndarray, Y: np.ndarray, **kwargs: Any
+) -> dict[str, Any]:
+    """``train(model, X, Y, device="cpu", **kwargs)`` counted step by step: the counts of
+    the set-up with the first step, then of each later step, and the wall time here."""
+    steps: list[Counts] = []
+    last = Counts()
+
+    def mark(t: int, hist: Any) -> None:
+        nonlocal last
+        now = counter.counts.copy()
+        steps.append(now - last)
+        last = now
+
+    t0 = time.perf_counter()
+    with _h200_memory(), OpCounter() as counter:
+        hist = train(model, X, Y, device="cpu", callback=mark, **kwargs)
+    return {"steps": steps, "history": hist, "wall_s": time.perf_counter() - t0}
+
+
+#: What ``bench_gpu.py --count`` counts: each workload's data at a width that a CPU
+#: counts in minutes (``m``), the steps counted of its ``iters`` (the rest extrapolated
+#: from the median of the last five counted), and the device methods.  ``small`` is the
+#: tests' (seconds).
+COUNT_SIZES: dict[str, dict[str, Any]] = {
+    "small": {
+        "scale_n": 1 / 8,
+        "cases": {"W1": (2**10, 8), "W5": (2**10, 8)},
+        "methods": ("dense", "lazy", "kernel"),
+    },
+    "large": {
+        "scale_n": 1.0,
+        "cases": {"W1": (2**13, 30), "W2": (2**12, 8), "W3": (2**12, 8), "W5": (2**13, 30)},
+        "methods": ("dense", "lazy", "kernel"),
+    },
+}
+
+#: #46's targets for a counted step of the device lazy and kernel trainers: the first
+#: three steps (mass re-anchoring), the later ones, and a later step with nothing due.
+STEP_TARGETS = {
+    "first_three": {"syncs": 8, "launches": 300},
+    "later": {"syncs": 2, "launches": 150},
+    "nothing_due": {"syncs": 1, "launches": 40},
+}
+
+
+def _whole(steps: list[Counts], iters: int) -> tuple[float, bool]:
+    """Modelled seconds of a whole run from its counted steps (the rest at the median of
+    the last five counted) and whether it was extrapolated."""
+    per = [modelled_seconds(c) for c in steps]
+    rest = iters - len(per)
+    return sum(per) + max(0, rest) * float(np.median(per[-5:])), rest > 0
+
+
+def _targets(steps: list[Counts], moved: list[int]) -> dict[str, Any]:
+    later = steps[3:]
+    idle = [c for c, k in zip(steps[3:], moved[3:], strict=False) if k == 0]
+    out: dict[str, Any] = {}
+    for key, group in (("first_three", steps[:3]), ("later", later), ("nothing_due", idle)):
+        if not group:
+            continue
+        worst = {"syncs": max(c.syncs for c in group), "launches": max(c.launches for c in group)}
+        limit = STEP_TARGETS[key]
+        out[key] = {
+            **worst,
+            "target": limit,
+            "met": all(worst[k] <= limit[k] for k in limit),
+        }
+    return out
+
+
+def run_count(size: str = "large", out_dir: str = "benchmarks/results") -> dict[str, Any]:
+    """``bench_gpu.py --count``: the model validated on PyTorch dense, then each workload's
+    device methods counted step by step on the CPU and priced for an H200, beside PyTorch
+    dense at the same width.  JSON in ``out_dir/gpu_count_SIZE.json``."""
+    from ..model import TwoLayerReLU
+    from ..training import train
+    from ._util import print_table, save_result
+    from .workloads import WORKLOADS, load
+
+    cfg = COUNT_SIZES[size]
+    payload: dict[str, Any] = {"size": size, "rates": H200, "step_targets": STEP_TARGETS}
+    payload["dense_validation"] = validate_dense()
+    results: dict[str, Any] = {}
+    for name, (m, counted) in cfg["cases"].items():
+        w = WORKLOADS[name]
+        X, Y = load(w["data"], w["args"], cfg["scale_n"])
+        y = Y if Y.shape[1] > 1 else Y[:, 0]
+        iters = w["iters"]
+        torch_step = count_dense_step(X.shape[0], X.shape[1], Y.shape[1], m)
+        torch_s = modelled_seconds(torch_step) * iters
+        case: dict[str, Any] = {
+            "n": X.shape[0],
+            "d": X.shape[1],
+            "K": Y.shape[1],
+            "m": m,
+            "iters": iters,
+            "steps_counted": counted,
+            "torch_dense": {"step": torch_step.as_dict(), "modelled_s": torch_s},
+            "runs": {},
+        }
+        for method in cfg["methods"]:
+            tiny = TwoLayerReLU.init(d=X.shape[1], m=256, outputs=Y.shape[1], seed=7)
+            train(tiny, X[:64], y[:64], method=method, iters=3, device="cpu")  # compile
+            model = TwoLayerReLU.init(d=X.shape[1], m=m, outputs=Y.shape[1], seed=7)
+            got = count_train(train, model, X, y, method=method, iters=counted)
+            hist = got["history"]
+            whole, extrapolated = _whole(got["steps"], iters)
+            case["runs"][method] = {
+                "modelled_s": whole,
+                "extrapolated": extrapolated,
+                "vs_torch_dense": torch_s / whole,
+                "counted_wall_s": got["wall_s"],
+                "steps": [c.as_dict() | {"modelled_s": modelled_seconds(c)} for c in got["steps"]],
+                "moved_neurons": list(hist.moved_neurons),
+                "targets": _targets(got["steps"], list(hist.moved_neurons))
+                if method != "dense"
+                else None,
+            }
+        results[name] = case
+        save_result(out_dir, f"gpu_count_{size}", {**payload, "results": results})
+    rows = [
+        [k, v["measured_s"], v["modelled_s"], v["ratio"]]
+        for k, v in payload["dense_validation"].items()
+    ]
+    print_table(
+        "PyTorch dense float64 on an H200: measured and modelled",
+        ["run", "measured s", "modelled s", "ratio"],
+        rows,
+    )
+    rows = []
+    for name, case in results.items():
+        for method, r in case["runs"].items():
+            later = (r["targets"] or {}).get("later", {})
+            rows.append([
+                name, case["m"], method, r["modelled_s"], case["torch_dense"]["modelled_s"],
+                r["vs_torch_dense"], later.get("launches", "-"), later.get("syncs", "-"),
+            ])  # fmt: skip
+    print_table(
+        "Modelled H200 whole runs (counted on the CPU)",
+        ["workload", "m", "method", "modelled s", "torch dense s", "vs torch", "launches", "syncs"],
+        rows,
+    )
+    return {**payload, "results": results}
