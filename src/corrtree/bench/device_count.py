@@ -10,8 +10,10 @@ sees every aten operation a step dispatches (``TorchDispatchMode``) and counts
   tensor), ``nonzero``, boolean-mask indexing (it calls ``nonzero``), ``masked_select``,
   ``unique``, ``bincount``, ``segment_reduce``'s checks, ``repeat_interleave`` by a tensor,
   and a device-to-host transfer (``numpy()``, ``tolist()``);
-- *uploads*: host-to-device copies of host data (``torch.as_tensor`` and friends), with
-  their bytes; a pageable upload synchronizes, so it is priced as one;
+- *uploads*: host-to-device copies of host data (``torch.as_tensor(..., device=)``, a
+  host tensor written into or read by a device operation), with their bytes; a pageable
+  upload synchronizes, so it is priced as one, a queued one (``non_blocking=True`` from
+  pinned memory) is not;
 - *work*: matrix-product flops by precision, gathered and scattered entries, and the
   bytes every other operation reads and writes.
 
@@ -109,7 +111,10 @@ class Counts:
 
     launches: int = 0
     syncs: int = 0
+    #: uploads that synchronize (pageable host memory) and those queued without waiting
+    #: (``copy_(..., non_blocking=True)`` from pinned memory)
     uploads: int = 0
+    queued_uploads: int = 0
     upload_bytes: float = 0.0
     flops64: float = 0.0
     flops32: float = 0.0
@@ -146,8 +151,8 @@ class Counts:
 
 
 _FIELDS = (
-    "launches", "syncs", "uploads", "upload_bytes", "flops64", "flops32", "gathers",
-    "scatters", "bytes", "work_s",
+    "launches", "syncs", "uploads", "queued_uploads", "upload_bytes", "flops64", "flops32",
+    "gathers", "scatters", "bytes", "work_s",
 )  # fmt: skip
 
 
@@ -162,6 +167,24 @@ def _tensors(tree: Any) -> Iterator[Any]:
     elif isinstance(tree, dict):
         for item in tree.values():
             yield from _tensors(item)
+
+
+_HOST = "_corrtree_counted_on_host"
+
+
+def _is_host(t: Any) -> bool:
+    return bool(getattr(t, _HOST, False))
+
+
+def _is_device(target: Any) -> bool:
+    """Whether ``Tensor.to``'s first argument names a device (not a dtype)."""
+    import torch
+
+    return isinstance(target, torch.device | str)
+
+
+def _mark_host(t: Any) -> None:
+    setattr(t, _HOST, True)
 
 
 def _nbytes(t: Any) -> float:
@@ -182,10 +205,16 @@ class OpCounter:
     ``c.counts`` (:class:`Counts`); ``rates`` prices each operation's work as it is
     counted (:func:`modelled_seconds` adds launches and synchronizations).
 
-    Device-to-host transfers (``Tensor.numpy``, ``Tensor.tolist``) and host-to-device
-    uploads (``torch.as_tensor``, ``torch.from_numpy`` then ``to``, ``torch.tensor``) do not
-    dispatch an aten operation on the CPU; they are counted by wrapping those calls for
-    the duration.
+    On the CPU a host tensor and a device tensor look alike, so the counter keeps the
+    distinction itself: a tensor made from host data without ``device=``
+    (``torch.from_numpy``, ``torch.as_tensor(x)``) or brought back by ``Tensor.cpu()`` is
+    a *host* tensor (marked), and so is whatever an operation makes from host tensors
+    only; such operations run on the host and are not counted.  A download (``cpu()``,
+    ``numpy()``, ``tolist()`` of a device tensor) is a launch and a synchronization; an
+    upload is ``torch.as_tensor``/``torch.tensor`` with ``device=``, or a host tensor
+    read by a device operation or sent by ``Tensor.to(device)`` (queued, without a
+    synchronization, when ``non_blocking=True``).  These calls are wrapped for the
+    duration.
     """
 
     def __init__(self, rates: dict[str, float] | None = None) -> None:
@@ -199,6 +228,20 @@ class OpCounter:
 
         name = func.overloadpacket.__name__
         c, r = self.counts, self.rates
+        inputs = list(_tensors((args, kwargs)))
+        host = [t for t in inputs if _is_host(t)]
+        if host and len(host) == len(inputs):  # the host's own arithmetic
+            for t in _tensors(out):
+                _mark_host(t)
+            return
+        queued = name == "copy_" and bool(kwargs.get("non_blocking", args[2:3] == (True,)))
+        for t in host:  # host data read by a device operation: an upload
+            if queued:  # from pinned memory (the trainers pin what they copy so)
+                c.queued_uploads += 1
+            else:
+                c.uploads += 1
+            c.launches += 1
+            c.upload_bytes += _nbytes(t)
         c.ops[name] = c.ops.get(name, 0) + 1
         if name in _SYNC or (
             name in ("index", "index_put", "index_put_")
@@ -241,16 +284,44 @@ class OpCounter:
         counter = self
 
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            out = original(*args, **kwargs)
+            from torch.utils._python_dispatch import _disable_current_modes
+
             c = counter.counts
-            if kind == "download":
-                c.syncs += 1
+            if kind == "to":  # Tensor.to: an upload when host data goes to a device
+                source = args[0]
+                target = kwargs.get("device", args[1] if len(args) > 1 else None)
+                if not (_is_host(source) and _is_device(target)):
+                    return original(*args, **kwargs)
+                with _disable_current_modes():  # on the CPU to(cpu) is the tensor itself
+                    out = original(*args, **kwargs).detach().clone()
+                if kwargs.get("non_blocking", False):
+                    c.queued_uploads += 1
+                else:
+                    c.uploads += 1
                 c.launches += 1
-            else:
-                for t in _tensors(out):
+                c.upload_bytes += _nbytes(out)
+                return out
+            if kind in ("download", "to_host"):
+                source = args[0]
+                if not _is_host(source):
+                    c.syncs += 1
+                    c.launches += 1
+                if kind == "download":
+                    return original(*args, **kwargs)
+                with _disable_current_modes():  # on the CPU cpu() is the tensor itself
+                    out = source.detach().clone()
+                _mark_host(out)
+                return out
+            with _disable_current_modes():
+                out = original(*args, **kwargs)
+            uploaded = kind == "upload" and kwargs.get("device") is not None
+            for t in _tensors(out):
+                if uploaded:
                     c.uploads += 1
                     c.launches += 1
                     c.upload_bytes += _nbytes(t)
+                else:
+                    _mark_host(t)
             return out
 
         self._saved.append((owner, attr, original))
@@ -271,8 +342,11 @@ class OpCounter:
 
         self._wrap(torch.Tensor, "numpy", "download")
         self._wrap(torch.Tensor, "tolist", "download")
-        for name in ("as_tensor", "tensor", "from_numpy"):
+        self._wrap(torch.Tensor, "cpu", "to_host")
+        self._wrap(torch.Tensor, "to", "to")
+        for name in ("as_tensor", "tensor"):
             self._wrap(torch, name, "upload")
+        self._wrap(torch, "from_numpy", "host")
         self._mode = _Mode()
         self._mode.__enter__()
         return self
@@ -406,9 +480,15 @@ def _whole(steps: list[Counts], iters: int) -> tuple[float, bool]:
     return sum(per) + max(0, rest) * float(np.median(per[-5:])), rest > 0
 
 
-def _targets(steps: list[Counts], moved: list[int]) -> dict[str, Any]:
+def nothing_due(c: Counts) -> bool:
+    """Whether a counted step of a device band trainer visited no neuron: it listed none
+    (the due neurons are listed by ``nonzero`` only when there are some)."""
+    return c.ops.get("nonzero", 0) == 0
+
+
+def _targets(steps: list[Counts]) -> dict[str, Any]:
     later = steps[3:]
-    idle = [c for c, k in zip(steps[3:], moved[3:], strict=False) if k == 0]
+    idle = [c for c in later if nothing_due(c)]
     out: dict[str, Any] = {}
     for key, group in (("first_three", steps[:3]), ("later", later), ("nothing_due", idle)):
         if not group:
@@ -467,9 +547,7 @@ def run_count(size: str = "large", out_dir: str = "benchmarks/results") -> dict[
                 "counted_wall_s": got["wall_s"],
                 "steps": [c.as_dict() | {"modelled_s": modelled_seconds(c)} for c in got["steps"]],
                 "moved_neurons": list(hist.moved_neurons),
-                "targets": _targets(got["steps"], list(hist.moved_neurons))
-                if method != "dense"
-                else None,
+                "targets": _targets(got["steps"]) if method != "dense" else None,
             }
         results[name] = case
         save_result(out_dir, f"gpu_count_{size}", {**payload, "results": results})

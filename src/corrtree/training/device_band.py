@@ -156,6 +156,7 @@ class DeviceBand(Trainer):
         self._flips_next = 0  # flips between W(t) and W(t+1), the next row's
         self._sorted = None
         self._f64 = torch.float64
+        self._staging: Any = None  # the host's error, pinned on a GPU (_upload)
 
     def _empty_rows(self, W0, device: Any, band: float | None):
         """The run's tensors with every row empty (one pad place), before the first
@@ -366,6 +367,18 @@ class DeviceBand(Trainer):
 
     def _tensor(self, a):
         return self.torch.from_numpy(np.array(a)).to(self.device)
+
+    def _upload(self, err: np.ndarray, out) -> None:
+        """``out[...] = err`` through a staging buffer made once (pinned on a GPU), so the
+        copy is queued without waiting: the host writes the buffer again only after the
+        step's download, which waits for the copy."""
+        torch = self.torch
+        if self._staging is None or tuple(self._staging.shape) != err.shape:
+            self._staging = torch.from_numpy(np.empty(err.shape))
+            if self.device.type == "cuda":
+                self._staging = self._staging.pin_memory()
+        self._staging.copy_(torch.from_numpy(np.ascontiguousarray(err, dtype=np.float64)))
+        out.copy_(self._staging, non_blocking=True)
 
 
 class DeviceLazyTrainer(DeviceBand):

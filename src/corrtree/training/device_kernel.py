@@ -420,29 +420,38 @@ class DeviceKernelTrainer(DeviceBand):
         torch = self.torch
         self._refuse_linear(step)
         n, K = self.n, self.At.shape[1]
+        f64 = self._f64
         # the History row describes W(t), before the step
-        stats = torch.stack(((self.nfire > 0).sum(), self.nfire.sum(), (self.J < n).sum())).cpu()
+        stats = torch.stack(((self.nfire > 0).sum(), self.nfire.sum(), (self.J < n).sum()))
         with self.timer("backward"):
-            E = torch.zeros((n + 1, K), dtype=self._f64, device=self.device)
-            E[:n] = torch.from_numpy(np.ascontiguousarray(err, dtype=np.float64))
+            E = torch.zeros((n + 1, K), dtype=f64, device=self.device)
+            self._upload(err, E[:n])
             self.u_dev -= self.lr * (self.H @ E[:n].reshape(-1)).reshape(n, K)
             moves = self._steps(E)
             self.clock += moves
             self.Ep += E
         with self.timer("query"):
             # a neuron that did not move keeps its pairs' sides
-            due = torch.nonzero((self.clock >= self.limit) & (moves > 0)).reshape(-1)
+            due_mask = (self.clock >= self.limit) & (moves > 0)
+            # one transfer carries what the host decides on (the History row, the number
+            # due) and u(t+1) as it is if nothing is due (counts are exact in float64)
+            head = torch.cat((stats.to(f64), due_mask.sum().reshape(1).to(f64)))
+            head = torch.cat((head, self.u_dev.reshape(-1))).cpu().numpy()
+            stats, ndue = head[:3], int(head[3])
             flips: list = []
             evaluated = reanchored = 0
-            for part, width in self._buckets(due) if due.numel() else ():
-                again, values = self._visit(part, width, flips)
-                reanchored, evaluated = reanchored + again, evaluated + values
+            if ndue:
+                due = torch.nonzero(due_mask).reshape(-1)
+                for part, width in self._buckets(due):
+                    again, values = self._visit(part, width, flips)
+                    reanchored, evaluated = reanchored + again, evaluated + values
         with self.timer("forward"):
             count = 0
             if flips:
                 self._apply_flips(flips)
                 count = sum(int(f[0].numel()) for f in flips)
-            self.u = None
+            # without flips u(t+1) is the one transferred (visits change u only by flips)
+            self.u = None if flips else np.array(head[4:].reshape(n, K))
             flips_row, self._flips_next = self._flips_next, count
         return self._row(
             int(stats[1]),
