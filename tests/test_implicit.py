@@ -386,3 +386,33 @@ def test_a_streamed_run_that_would_not_fit_is_refused_in_one_line(monkeypatch):
         ct.train(model, X, rng.standard_normal(128), method="kernel", iters=2)
     assert "\n" not in str(err.value) and "would fit" in str(err.value)
     assert "'dense'" not in str(err.value)  # a method that cannot train it is not offered
+
+
+def test_weight_source_and_absorb_update_check_their_input():
+    explicit = ct.TwoLayerReLU.init(d=4, m=8, seed=0)
+    assert np.array_equal(explicit.weight_source.rows(2, 5), explicit.W[2:5])
+    with pytest.raises(ValueError, match="implicit_weights"):
+        explicit.implicit_weights  # noqa: B018
+    model = ct.TwoLayerReLU.init(d=4, m=8, seed=0, implicit=True)
+    X = np.eye(4)[:3]
+    indptr = np.zeros(9, dtype=np.int64)
+    indptr[1:] = 1
+    cols, coef = np.array([2], dtype=np.int32), np.array([0.5])
+    bad = {
+        "X": (np.full((3, 4), np.nan), indptr, cols, coef, 1.0),
+        "columns": (np.eye(5)[:3], indptr, cols, coef, 1.0),
+        "indptr": (X, indptr[:-1], cols, coef, 1.0),
+        "cols": (X, indptr, np.array([3]), coef, 1.0),
+        "coef": (X, indptr, cols, np.array([np.inf]), 1.0),
+        "entries": (X, indptr, cols, np.array([0.5, 0.5]), 1.0),
+        "alpha": (X, indptr, cols, coef, 0.0),
+    }
+    before = model.weights()
+    for what, args in bad.items():
+        with pytest.raises((ValueError, IndexError)):
+            model.absorb_update(*args)
+        assert np.array_equal(model.weights(), before), what
+    model.absorb_update(X, indptr, cols, coef, 1.0)
+    want = before.copy()
+    want[0] -= 0.5 * X[2]
+    np.testing.assert_allclose(model.weights(), want, rtol=0, atol=1e-15)

@@ -19,6 +19,7 @@ from ._implicit import ImplicitWeights, StoredWeights, forward_rows
 from ._io import atomic_savez, atomic_write_npy, digest_of
 from ._validation import (
     as_matrix,
+    check_indices,
     check_memory,
     check_positive_int,
     check_real,
@@ -227,8 +228,26 @@ class TwoLayerReLU:
         """Set an implicit model's weights to ``α·(W - C X)``: the end of a run that
         trained it, given the run's coefficients ``C`` as a CSR (``indptr`` int64
         ``(m+1,)``, ``cols`` int32, ``coef`` float64) over the training points ``X``.
-        O(coefficients + n·d); no ``m×d`` array is formed."""
-        self._src = self.implicit_weights.absorb(X, indptr, cols, coef, alpha)
+        O(coefficients + n·d); no ``m×d`` array is formed.  Arguments that do not fit
+        (shapes, NaN or infinite values, columns or pointers out of range) are refused in
+        one line naming them, before anything changes."""
+        src = self.implicit_weights
+        X = as_matrix("X", X, copy=False)
+        if X.shape[1] != self.d:
+            raise ValueError(f"X must have d={self.d} columns, got {X.shape[1]}")
+        ptr = check_indices("indptr", indptr, np.iinfo(np.int64).max)
+        if ptr.shape[0] != self.m + 1 or ptr[0] != 0 or (np.diff(ptr) < 0).any():
+            raise ValueError(f"indptr must be {self.m + 1} non-decreasing pointers from 0")
+        cols = check_indices("cols", cols, X.shape[0])
+        coef = np.asarray(coef, dtype=np.float64)
+        if coef.shape != cols.shape or ptr[-1] != cols.shape[0]:
+            raise ValueError(f"cols and coef must hold indptr[-1]={ptr[-1]} entries each")
+        if not np.isfinite(coef).all():
+            raise ValueError("coef contains NaN or infinite values")
+        alpha = check_real("alpha", alpha)
+        if not alpha > 0:
+            raise ValueError(f"alpha must be > 0, got {alpha}")
+        self._src = src.absorb(X, ptr, cols.astype(np.int32), coef, alpha)
 
     def weights(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Rows ``start:stop`` of the current hidden weights as a new float64 array
