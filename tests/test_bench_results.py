@@ -106,3 +106,39 @@ def test_warm_kernels_loads_what_a_long_run_uses():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = dict(line.split() for line in out.stdout.splitlines())
     assert loaded == {"push_all": "1", "pop_due": "1", "_flip_sets": "1", "_add_symmetric": "1"}
+
+
+def test_widths_exactness_check_fails_on_a_drifted_run():
+    """The width benchmark's exactness flag (first losses against dense's, final loss
+    against a dense forward pass of the final weights) is false as soon as either drifts."""
+    from corrtree.bench.widths import _agree
+
+    dense = {"loss": [10.0, 8.0, 6.5]}
+    kernel = {"loss": [10.0, 8.0, 6.5, 5.0], "final_loss": 1.25, "final_loss_dense": 1.25}
+    assert _agree(kernel, dense)
+    assert not _agree({**kernel, "loss": [10.0, 8.0, 6.5 * (1 + 1e-7)]}, dense)
+    assert not _agree({**kernel, "final_loss": 1.25 * (1 + 1e-7)}, dense)
+
+
+def test_stored_width_runs_are_exact_and_their_ratios_add_up():
+    """Every stored run of ``bench_widths.py`` followed dense's trajectory, and its ratios
+    are those of its own times."""
+    import json
+    import pathlib
+
+    stored = pathlib.Path(__file__).parents[1] / "benchmarks/results/widths_large.json"
+    results = json.loads(stored.read_text())["results"]
+    runs = [e for case in results.values() for e in case["runs"]]
+    assert runs
+    for e in runs:
+        k = e["methods"][e["best"]]
+        assert all(k["total_s"] <= r["total_s"] for r in e["methods"].values())
+        assert e["exact"]
+        assert (
+            abs(e["whole_over_setup"] - k["total_s"] / k["setup_s"]) < 1e-9 * e["whole_over_setup"]
+        )
+        assert (
+            abs(e["speedup_vs_dense"] - e["dense_total_s"] / k["total_s"])
+            < 1e-9 * e["speedup_vs_dense"]
+        )
+        assert not any(r["extrapolated"] for r in e["methods"].values())  # every iteration

@@ -211,6 +211,70 @@ def test_device_band_trainers_follow_the_dense_trajectory(K, method):
     assert hl.moved_neurons == hd.moved_neurons
 
 
+#: device rates under which one way of each choice always wins
+_BY_GATHERS = {
+    "flops64": 1e-30,
+    "flops32": 1e-30,
+    "gathers": 1e30,
+    "scatters": 1e30,
+    "bytes": 1e-30,
+}
+_BY_GEMMS = {"flops64": 1e30, "flops32": 1e30, "gathers": 1e-30, "scatters": 1e-30, "bytes": 1e30}
+
+
+@pytest.mark.parametrize("route", ["gathers", "gemms"])
+@pytest.mark.parametrize("K", [1, 3])
+def test_device_kernel_by_gathers_or_by_gemms_follows_the_dense_trajectory(monkeypatch, K, route):
+    """The device kernel trainer's two ways of each choice, one always winning by the
+    rates: values and distances by the Gram identity or by the moves ``ΔC·X`` and a GEMM
+    against the points; flips into ``N`` entry by entry or by float32 GEMMs of the changed
+    rows with ``H`` rebuilt.  The dense trajectory and its History either way,
+    re-anchoring included, and ``H`` equal to the one built from the final fire sets."""
+    from corrtree import _config
+    from corrtree.training.device_kernel import DeviceKernelTrainer
+
+    rates = _BY_GEMMS if route == "gemms" else _BY_GATHERS
+    monkeypatch.setitem(_config.DEVICE_RATES, _resolved().type, rates)
+    chosen, recounted = [], []
+    price, add = DeviceKernelTrainer._by_product, DeviceKernelTrainer._add_counts
+
+    def priced(self, *args):
+        chosen.append(price(self, *args))
+        return chosen[-1]
+
+    def adding(self, *args):
+        recounted.append(args[0].numel())
+        return add(self, *args)
+
+    monkeypatch.setattr(DeviceKernelTrainer, "_by_product", priced)
+    monkeypatch.setattr(DeviceKernelTrainer, "_add_counts", adding)
+    X, y = _data(n=48, d=8, K=K, seed=5)
+    dense = ct.TwoLayerReLU.init(d=8, m=2048, outputs=K, seed=6)
+    kernel = ct.TwoLayerReLU(dense.W, dense.a, dense.b)
+    hd = ct.train(dense, X, y, method="dense", iters=20)
+    trainers = []
+    keep = DeviceKernelTrainer._counts
+
+    def counts(self):
+        trainers.append(self)
+        return keep(self)
+
+    monkeypatch.setattr(DeviceKernelTrainer, "_counts", counts)
+    hk = ct.train(kernel, X, y, method="kernel", iters=20, device=DEVICE)
+    assert sum(hk.reanchored) > 0 and sum(hk.flips) > 0 and chosen
+    if route == "gemms":  # the set-up's count, then the flips' by GEMM
+        assert any(chosen) and len(recounted) > 1
+    else:
+        assert not any(chosen) and len(recounted) == 1
+    np.testing.assert_allclose(hk.loss, hd.loss, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(kernel.W, dense.W, rtol=0, atol=1e-9)
+    assert hk.fired_pairs == hd.fired_pairs and hk.flips == hd.flips
+    (t,) = trainers
+    H = t.H.clone()
+    t._counts()  # N and H from the fire sets as they are
+    assert bool((t.H == H).all())
+
+
 def test_device_lazy_certificate_is_what_keeps_it_exact(monkeypatch):
     """With the drift certificate switched off (no neuron ever re-anchored), pairs that
     crossed b outside the band are missed and the trajectory leaves dense's: the test

@@ -413,6 +413,8 @@ import numpy as np
 from numba.core import event
 from corrtree._jit import njit
 
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job inherits SIG_IGN
+
 @njit(cache=False)
 def f(x):
     return np.sqrt(x).sum()

@@ -266,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--suite",
         default="ddfn,train,lazy,kernel",
-        help="comma-separated suites: ddfn, train, lazy, kernel, distributed, wide, losses "
+        help="comma-separated suites: ddfn, train, lazy, kernel, distributed, wide, widths, losses "
         "(default: ddfn, train, lazy and kernel)",
     )
     p.add_argument(

@@ -305,6 +305,28 @@ DEVICE_VISIT_OPS = 90
 #: average), while on coherent data (image patches: hundreds) λ_max is near the trace
 #: and the triangle bound is as good.
 DEVICE_SIGMA_POINTS = 64
+#: The rates the device kernel trainer prices its choices with, by device type: float64
+#: and float32 GEMM flops, gathered and scattered (accumulated) entries, and bytes
+#: streamed, each a second.  A bucket of due neurons is evaluated by the Gram identity
+#: (``P·Q`` gathers a row) or by its moves ``ΔC·X`` and one GEMM against the points
+#: (``4·n·d`` flops a row); its flips change ``N`` entry by entry (``2·|S|·K²`` scattered
+#: additions a flip) or by float32 GEMMs of the changed rows' fire sets
+#: (``DeviceKernelTrainer._by_product``, ``_change_counts``).  ``cuda``: measured on an H200
+#: (``G = XXᵀ`` at n = 2048, d = 768 in float64 in 0.12 ms; 14 M gathers from a resident
+#: ``G`` with a row sum in 0.42 ms, 3.6 ms through a deterministic ``index_add_``; the
+#: rates of ``corrtree.bench.device_count.H200``); ``cpu``: torch on the 2-core machines
+#: of the benchmarks (a 2048 × 768 × 2048 float64 GEMM in about 0.1 s; advanced indexing
+#: at about 1e8 entries a second, ``index_put_`` with accumulation at a fifth of that).
+DEVICE_RATES = {
+    "cuda": {
+        "flops64": 53.7e12,
+        "flops32": 52.6e12,
+        "gathers": 33e9,
+        "scatters": 33e9 / 8.5,
+        "bytes": 4.1e12,
+    },
+    "cpu": {"flops64": 5e10, "flops32": 1e11, "gathers": 1e8, "scatters": 2e7, "bytes": 1e10},
+}
 #: The padded rows hold the widest row's tracked pairs: about this many times the mean.
 DEVICE_PAD_FACTOR = 2.0
 #: The share of neurons a kernel step visits once the first steps are past, per unit of

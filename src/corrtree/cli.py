@@ -533,7 +533,7 @@ def _predict_inputs(path: str, d: int, header: bool | None) -> tuple[np.ndarray,
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import ddfn, fast, losses, wide
+    from .bench import ddfn, fast, losses, wide, widths
     from .bench import distributed as bench_distributed
     from .bench import train as bench_train
 
@@ -544,6 +544,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "kernel": fast.run_kernel,
         "distributed": bench_distributed.run,
         "wide": wide.run,
+        "widths": widths.run,
         "losses": losses.run,
     }
     for name in args.suite.split(","):

@@ -27,7 +27,9 @@ model is validated on PyTorch's own dense loop, whose whole runs were measured t
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -412,16 +414,22 @@ def validate_dense(count_m: int = 2**12) -> dict[str, dict[str, float]]:
 @contextmanager
 def _h200_memory(free: float = 139.0 * 2**30) -> Iterator[None]:
     """The device trainers' chunk and bucket sizes as on an H200: their free-memory reads
-    answer ``free`` (the counting sizes are chosen to fit this host)."""
+    answer ``free`` (the counting sizes are chosen to fit this host); and their choices
+    priced with its rates (:data:`~corrtree._config.DEVICE_RATES`: a counted ``cpu``
+    tensor stands for a ``cuda`` one)."""
+    from .. import _config
     from ..training import device_band, device_dense, device_kernel
 
     modules = (device_band, device_dense, device_kernel)
     saved = [m.free_bytes for m in modules]
+    rates = _config.DEVICE_RATES["cpu"]
     for m in modules:
         m.free_bytes = lambda dev: free  # type: ignore[attr-defined]
+    _config.DEVICE_RATES["cpu"] = _config.DEVICE_RATES["cuda"]
     try:
         yield
     finally:
+        _config.DEVICE_RATES["cpu"] = rates
         for m, f in zip(modules, saved, strict=True):
             m.free_bytes = f  # type: ignore[attr-defined]
 
@@ -503,10 +511,17 @@ def _targets(steps: list[Counts]) -> dict[str, Any]:
     return out
 
 
-def run_count(size: str = "large", out_dir: str = "benchmarks/results") -> dict[str, Any]:
+def run_count(
+    size: str = "large",
+    out_dir: str = "benchmarks/results",
+    only: str | None = None,
+    methods: str | None = None,
+) -> dict[str, Any]:
     """``bench_gpu.py --count``: the model validated on PyTorch dense, then each workload's
     device methods counted step by step on the CPU and priced for an H200, beside PyTorch
-    dense at the same width.  JSON in ``out_dir/gpu_count_SIZE.json``."""
+    dense at the same width.  JSON in ``out_dir/gpu_count_SIZE.json``; with ``only`` (some
+    workloads, comma-separated) or ``methods`` (some methods), the other counts stored
+    there are kept, and each recounted run records ``counted_on`` (its date)."""
     from ..model import TwoLayerReLU
     from ..training import train
     from ._util import print_table, save_result
@@ -516,7 +531,13 @@ def run_count(size: str = "large", out_dir: str = "benchmarks/results") -> dict[
     payload: dict[str, Any] = {"size": size, "rates": H200, "step_targets": STEP_TARGETS}
     payload["dense_validation"] = validate_dense()
     results: dict[str, Any] = {}
+    previous = os.path.join(out_dir, f"gpu_count_{size}.json")
+    if (only or methods) and os.path.exists(previous):
+        with open(previous, encoding="utf-8") as fh:
+            results = json.load(fh)["results"]
     for name, (m, counted) in cfg["cases"].items():
+        if only and name not in only.split(","):
+            continue
         w = WORKLOADS[name]
         X, Y = load(w["data"], w["args"], cfg["scale_n"])
         y = Y if Y.shape[1] > 1 else Y[:, 0]
@@ -531,9 +552,11 @@ def run_count(size: str = "large", out_dir: str = "benchmarks/results") -> dict[
             "iters": iters,
             "steps_counted": counted,
             "torch_dense": {"step": torch_step.as_dict(), "modelled_s": torch_s},
-            "runs": {},
+            "runs": dict(results.get(name, {}).get("runs", {})),
         }
         for method in cfg["methods"]:
+            if methods and method not in methods.split(","):
+                continue
             tiny = TwoLayerReLU.init(d=X.shape[1], m=256, outputs=Y.shape[1], seed=7)
             train(tiny, X[:64], y[:64], method=method, iters=3, device="cpu")  # compile
             model = TwoLayerReLU.init(d=X.shape[1], m=m, outputs=Y.shape[1], seed=7)
@@ -548,6 +571,7 @@ def run_count(size: str = "large", out_dir: str = "benchmarks/results") -> dict[
                 "steps": [c.as_dict() | {"modelled_s": modelled_seconds(c)} for c in got["steps"]],
                 "moved_neurons": list(hist.moved_neurons),
                 "targets": _targets(got["steps"]) if method != "dense" else None,
+                "counted_on": time.strftime("%Y-%m-%d"),
             }
         results[name] = case
         save_result(out_dir, f"gpu_count_{size}", {**payload, "results": results})

@@ -51,15 +51,15 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         "iters": 200,
         "target": 30.0,
     },
-    "W3": {"data": "digits", "args": {}, "m": 2**17, "iters": 100, "target": 5.0},
+    "W3": {"data": "digits", "args": {}, "m": 2**17, "iters": 100, "target": 30.0},
     "W4": {
         "data": "sphere",
         "args": {"n": 4096, "d": 784},
         "m": 2**18,
         "iters": 50,
-        "target": 50.0,
+        "target": 60.0,
     },
-    "W5": {"data": "breast_cancer", "args": {}, "m": 2**16, "iters": 300, "target": 2.0},
+    "W5": {"data": "breast_cancer", "args": {}, "m": 2**16, "iters": 300, "target": 30.0},
 }
 SIZES: dict[str, dict[str, Any]] = {
     # small: the same workloads shrunk, to check the script (minutes)
@@ -80,9 +80,16 @@ def load(data: str, args: dict[str, Any], scale_n: float) -> tuple[np.ndarray, n
     if data == "sphere":
         ds = sphere(n=max(16, int(args["n"] * scale_n)), d=args["d"], seed=0)
     elif data == "patches":
-        ds = image_patches(n=max(16, int(args["n"] * scale_n)), size=args["size"], seed=0)
+        n = max(16, int(args["n"] * scale_n))
+        ds = image_patches(n=n, size=args["size"], seed=args.get("seed", 0))
     elif data == "digits":
         ds = digits(test_size=0, standardize=True)
+    elif data == "diabetes":  # scikit-learn's bundled regression set, standardized
+        from sklearn.datasets import load_diabetes
+
+        X, y = load_diabetes(return_X_y=True)
+        X = (X - X.mean(axis=0)) / X.std(axis=0)
+        return np.ascontiguousarray(X), ((y - y.mean()) / y.std()).reshape(-1, 1)
     else:
         ds = breast_cancer(test_size=0)
     return ds.X_train, ds.y_train.reshape(ds.X_train.shape[0], -1)

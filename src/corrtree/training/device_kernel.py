@@ -117,23 +117,39 @@ class DeviceKernelTrainer(DeviceBand):
     def _counts(self) -> None:
         """``N`` from the fire sets (float32 GEMMs of 0/±1 rows, exact), then ``H``."""
         torch = self.torch
+        nK = self.n * self.At.shape[1]
+        self.N = torch.zeros((nK, nK), dtype=self._f64, device=self.device)
+        self.H = torch.empty_like(self.N)
+        every = torch.arange(self.m, device=self.device)
+        self._add_counts(every, self.J, self.F, 1.0)
+        self._rebuild_h()
+        self.nfire = self.F.sum(dim=1)
+
+    def _add_counts(self, rows, J, F, sign: float) -> None:
+        """``N += sign·Σ_r (a_r a_rᵀ) ⊗ f_r f_rᵀ`` over ``rows`` (their fire flags ``F`` at
+        their tracked points ``J``): float32 GEMMs of 0/±1 rows, each partial sum an
+        integer below 2^24, so exact, and added to ``N`` exactly."""
+        torch = self.torch
         n, K = self.n, self.At.shape[1]
         nK = n * K
-        self.N = torch.zeros((nK, nK), dtype=self._f64, device=self.device)
-        step = max(1, min(_EXACT_F32 - 1, self._chunk(self.J.shape[1], 8.0 * (n + 1) * (K + 1))))
-        for s in range(0, self.m, step):
-            part = torch.arange(s, min(s + step, self.m), device=self.device)
-            Fd = self._by_point(self.J[part], self.F[part].to(torch.float32))
+        step = max(1, min(_EXACT_F32 - 1, self._chunk(J.shape[1], 8.0 * (n + 1) * (K + 1))))
+        for s in range(0, rows.numel(), step):
+            part = rows[s : s + step]
+            Fd = self._by_point(J[s : s + step], F[s : s + step].to(torch.float32))
             M = (Fd[:, :n, None] * self.At[part, None, :].to(torch.float32)).reshape(-1, nK)
-            self.N.add_(M.T @ M)
-        # H by blocks of rows: the temporaries stay a share of the device's memory
+            self.N.add_(M.T @ M, alpha=sign)
+
+    def _rebuild_h(self) -> None:
+        """``H = N ∘ G / m`` everywhere (:meth:`_ntk_at`), by blocks of rows: the
+        temporaries stay a share of the device's memory."""
+        torch = self.torch
+        K = self.At.shape[1]
+        nK = self.N.shape[0]
         every = torch.arange(nK, device=self.device)
-        self.H = torch.empty_like(self.N)
         block = max(1, int(_CHUNK_SHARE * free_bytes(self.device) // (24.0 * nK)))
         for s in range(0, nK, block):
             Ir, Jx = every[s : s + block, None], every[None, :]
             self.H[s : s + block] = self._ntk_at(Ir, Jx, self.Gp[Ir // K, Jx // K])
-        self.nfire = self.F.sum(dim=1)
 
     def _ntk_at(self, Ir, Jx, g):
         """``H`` at the flat indices ``(Ir, Jx)`` from ``N`` and ``g``, the entries of ``G``
@@ -145,9 +161,28 @@ class DeviceKernelTrainer(DeviceBand):
         """Add ``f_new f_newᵀ - f_old f_oldᵀ`` (times ``a_r a_rᵀ``) of ``rows`` to ``N``
         at the entries that change, and recompute ``H`` there; by groups of flips, each
         flip ``2·Q·K²`` entries at most.  The additions are integers, so ``N`` is exact
-        whatever their order and grouping."""
+        whatever their order and grouping.
+
+        Where the device's rates price it lower (many flips on long fire sets: image
+        patches), the changed rows' old fire sets are subtracted from ``N`` and their new
+        ones added by float32 GEMMs instead (:meth:`_add_counts`: ``4·k·(nK)²`` flops for
+        ``k`` rows), and ``H`` is rebuilt (:meth:`_rebuild_h`): the same integers in
+        ``N``, the same expression for ``H``."""
         torch = self.torch
         K = self.At.shape[1]
+        nK = self.n * K
+        touched = changed.any(dim=1)
+        entries = changed.sum(dim=1) * (fn.sum(dim=1) + fo.sum(dim=1))
+        scattered, k = (int(v) for v in torch.stack((entries.sum() * K * K, touched.sum())))
+        rate = self._rates()
+        by_gemm = 4.0 * k * nK * nK / rate["flops32"] + 48.0 * nK * nK / rate["bytes"]
+        fits = 8.0 * nK * nK <= _CHUNK_SHARE * free_bytes(self.device)  # a float32 product
+        if fits and by_gemm < 2.0 * scattered / rate["scatters"]:  # N and H, entry by entry
+            t = touched.nonzero().reshape(-1)
+            self._add_counts(rows[t], J[t], fo[t], -1.0)
+            self._add_counts(rows[t], J[t], fn[t], 1.0)
+            self._rebuild_h()
+            return
         rl, q = torch.nonzero(changed, as_tuple=True)
         per = 2.0 * J.shape[1] * K * K * 64.0  # indices, values, G and H for each entry
         group = max(1, int(_CHUNK_SHARE * free_bytes(self.device) // per))
@@ -186,12 +221,14 @@ class DeviceKernelTrainer(DeviceBand):
         return self.kappa[idx, :width] + self.torch.where(F, self.eta_s * g, 0.0)
 
     def _allow(self, idx, C):
-        """The rounding of two Gram sums of rows ``idx`` (coefficients ``C``): a value
-        within it of ``b`` may be on either side."""
+        """The rounding of two evaluations of a value of rows ``idx`` (coefficients
+        ``C``), by the Gram identity (``Q`` terms) or by the move (``n + 1`` terms, then
+        ``d``): a value within it of ``b`` may be on either side."""
         Q = C.shape[1]
         dC = (C - self.cref[idx, :Q]).abs().sum(dim=1)
         uref = self.uref[idx, :Q].abs().amax(dim=1)
-        return 8.0 * (self.J.shape[1] + 2) * _EPS * (uref + dC * self.R * self.R)
+        terms = max(self.J.shape[1], self.n + 1) + self.X.shape[1]
+        return 8.0 * (terms + 2) * _EPS * (uref + dC * self.R * self.R)
 
     def _keys(self, idx, V, allow, clock):
         """Each tracked pair's key: the clock at which it may cross ``b``, its value ``V``
@@ -288,6 +325,55 @@ class DeviceKernelTrainer(DeviceBand):
         V.scatter_(1, places, torch.where(real, Vd, 0.0))
         return V
 
+    def _by_product(self, idx, C, due, banded) -> bool:
+        """Whether rows ``idx`` cost less by their moves than by the Gram identity,
+        priced with the device's rates (:data:`~corrtree._config.DEVICE_RATES`): the
+        Gram identity gathers ``P·Qd`` entries a row for its due values and ``P²`` a
+        banded row for its distance (``P`` the most moved coefficients of a row, ``Qd``
+        its most due places: the batch is padded to them); the moves are one GEMM
+        ``ΔC·X`` (``2·n·d`` flops a row), and the values one more against every point
+        (``2·n·d``), from which the due ones are gathered.  Either gives every value and
+        distance to its rounding (:meth:`_allow`)."""
+        torch = self.torch
+        moving = C != self.cref[idx, : C.shape[1]]
+        P, Qd = (int(v) for v in torch.stack((moving.sum(dim=1).max(), due.sum(dim=1).max())))
+        if P == 0:
+            return False
+        rate = self._rates()
+        k, kb, n, d = idx.numel(), int(banded.sum()), self.n, self.X.shape[1]
+        gram = (k * P * Qd + kb * P * P) / rate["gathers"]
+        product = 2.0 * k * n * d * (1 + (Qd > 0)) / rate["flops64"]
+        return product + k * (n + 1 + Qd) / rate["gathers"] < gram
+
+    def _rates(self) -> dict[str, float]:
+        """The device's rates (:data:`~corrtree._config.DEVICE_RATES`)."""
+        return _config.DEVICE_RATES.get(self.device.type, _config.DEVICE_RATES["cpu"])
+
+    def _moves(self, idx, C):
+        """``ΔW = ΔC·X`` of rows ``idx`` since their anchors (one GEMM over the points)
+        and ``Σ|ΔC|`` of each: ``(k, d)``, ``(k,)``."""
+        dC = C - self.cref[idx, : C.shape[1]]
+        dW = self._by_point(self.J[idx, : C.shape[1]], dC) @ self.Xp
+        return dW, dC.abs().sum(dim=1)
+
+    def _distance_by_move(self, dW, l1):
+        """``D >= ||w_r(t) - w_r(t_a)||`` from the computed move ``dW``: each of its
+        entries errs by at most ``γ_{n+1}·Σ_p |ΔC_p||x_pt|``, so the vector by
+        ``γ_{n+1}·Σ|ΔC|·R``, and its norm by ``γ_d`` relative."""
+        d = dW.shape[1]
+        norm = self.torch.sqrt((dW * dW).sum(dim=1))
+        return norm * (1.0 + 4.0 * (d + 2) * _EPS) + 4.0 * (self.n + 3) * _EPS * l1 * self.R
+
+    def _values_by_move(self, idx, C, due, dW):
+        """:meth:`_values_at` from the moves: ``U(t_a) - ΔW·x_j`` for every point
+        (one GEMM), gathered at the due places."""
+        torch = self.torch
+        width = C.shape[1]
+        J = self.J[idx, :width]
+        delta = dW @ self.Xp.T  # (k, n + 1); the pad point's column is 0
+        V = self.uref[idx, :width] - torch.gather(delta, 1, J)
+        return torch.where(due, V, 0.0)
+
     def _visit(self, idx, width: int, flips: list) -> tuple[int, int]:
         """Visit rows ``idx`` at ``W(t+1)``, their tracked places within the first
         ``width``: the exact distance of the rows whose band key passed (re-anchoring
@@ -301,13 +387,25 @@ class DeviceKernelTrainer(DeviceBand):
         fo, kap = self.F[idx, :width], self.kappa[idx, :width]
         key, bandkey = self.key[idx, :width], self.bandkey[idx]
         banded = clock >= bandkey
+        due = (key <= clock[:, None]) & (self.J[idx, :width] < n)
+        product = self._by_product(idx, C, due, banded)
+        if product:
+            dW, l1 = self._moves(idx, C)
         D = torch.zeros_like(clock)
         if bool(banded.any()):
-            D[banded] = self._distance(idx[banded], C[banded])
+            if product:
+                D[banded] = self._distance_by_move(dW[banded], l1[banded])
+            else:
+                D[banded] = self._distance(idx[banded], C[banded])
         bad = banded & self._expired(idx, D)
         again = int(bad.sum())
-        due = (key <= clock[:, None]) & (self.J[idx, :width] < n) & ~bad[:, None]
-        V = self._values_at(idx, C, due) if bool(due.any()) else torch.zeros_like(C)
+        due &= ~bad[:, None]
+        if not bool(due.any()):
+            V = torch.zeros_like(C)
+        elif product:
+            V = self._values_by_move(idx, C, due, dW)
+        else:
+            V = self._values_at(idx, C, due)
         if again:
             ra = idx[bad]
             oldJ, fo_ra, kap_ra = self.J[ra, :width], fo[bad], kap[bad]
@@ -362,6 +460,7 @@ class DeviceKernelTrainer(DeviceBand):
         width = np.maximum(tracked, 1).astype(np.float64)
         # a row's bytes at its width: the P×Q gathers (P <= Q), the GEMM and by-point rows
         per = 8.0 * (3.0 * width * width + n + d * width) + 17.0 * (n + 1)
+        per += 8.0 * (2.0 * (n + 1) + d)  # the moves, and their products with the points
         budget = _CHUNK_SHARE * free_bytes(self.device)
         out, s = [], 0
         while s < len(per):

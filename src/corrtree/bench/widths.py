@@ -1,0 +1,140 @@
+"""Whole runs against width on real data: where the iterations, not the set-up, are the run.
+
+The fastest exact trainer's whole run (the kernel trainer on patches; the lazy one too on
+the held-out sets) (set-up, ``lr="auto"``, every iteration) on W2's image
+patches from m = 2^14 up, beside dense numpy's (its first iterations measured, the rest
+extrapolated: its iterations all cost the same), each in a fresh process; then data of
+the same kinds that the workloads do not use (other patches: other positions, 12×12
+crops; a tabular regression set: scikit-learn's diabetes), at the workloads' widths, so
+that their ratios can be set beside W2's and W5's.  Reported per run: the whole run, its
+set-up (``G``, the float32 GEMM, the scans; ``lr="auto"`` apart), their ratio, and the
+speed-up over dense.  Every trainer's first losses must equal dense's (1e-9) and its
+final loss the loss of its final weights from a dense forward pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from ._util import print_table, save_result
+from .workloads import median_run
+
+__all__ = ["CASES", "SIZES", "run"]
+
+#: name -> data, its arguments, the widths (log2), iterations, the case whose ratio it is
+#: set beside (measured in the same run), and the trainers run.
+CASES: dict[str, dict[str, Any]] = {
+    "W2 patches": {
+        "data": "patches",
+        "args": {"n": 2048, "size": 16},
+        "log2m": (14, 15, 16, 17, 18),
+        "iters": 100,
+        "beside": None,
+        "methods": ("kernel",),
+    },
+    "other patches": {
+        "data": "patches",
+        "args": {"n": 2048, "size": 12, "seed": 1},
+        "log2m": (16,),
+        "iters": 100,
+        "beside": "W2 patches",
+        "methods": ("lazy", "kernel"),
+    },
+    "W5 breast cancer": {
+        "data": "breast_cancer",
+        "args": {},
+        "log2m": (16,),
+        "iters": 300,
+        "beside": "W5",
+        "methods": ("lazy", "kernel"),
+    },
+    "diabetes (tabular)": {
+        "data": "diabetes",
+        "args": {},
+        "log2m": (16,),
+        "iters": 300,
+        "beside": "W5 breast cancer",
+        "methods": ("lazy", "kernel"),
+    },
+}
+SIZES: dict[str, dict[str, Any]] = {
+    "small": {"scale_m": 1 / 64, "scale_n": 1 / 8, "iters": 10, "measured": 3, "widths": 2},
+    "large": {"scale_m": 1.0, "scale_n": 1.0, "iters": None, "measured": 3, "widths": None},
+}
+#: The kernel trainer runs whole: no wall-clock budget.
+NO_BUDGET = 1e9
+
+
+def _agree(kernel: dict[str, Any], dense: dict[str, Any]) -> bool:
+    ref, got = dense["loss"], kernel["loss"]
+    k = min(len(ref), len(got))
+    first = np.allclose(got[:k], ref[:k], rtol=1e-9, atol=1e-12 * ref[0])
+    final = (
+        abs(kernel["final_loss"] - kernel["final_loss_dense"])
+        <= 1e-9 * abs(kernel["final_loss_dense"]) + 1e-12 * ref[0]
+    )
+    return bool(first and final)
+
+
+def run(
+    size: str = "large", out_dir: str = "benchmarks/results", only: str | None = None
+) -> dict[str, Any]:
+    """Every case (or ``only`` some, comma-separated: the others stored are kept) at every
+    width; JSON to ``out_dir/widths_{size}.json`` after each run."""
+    p = SIZES[size]
+    results: dict[str, Any] = {}
+    previous = os.path.join(out_dir, f"widths_{size}.json")
+    if only and os.path.exists(previous):
+        with open(previous, encoding="utf-8") as fh:
+            results = json.load(fh)["results"]
+    rows = []
+    for name, c in CASES.items():
+        if only and name not in only.split(","):
+            continue
+        widths = c["log2m"][: p["widths"]] if p["widths"] else c["log2m"]
+        iters = p["iters"] or c["iters"]
+        results[name] = {"case": {**c, "iters": iters}, "runs": []}
+        for k in widths:
+            m = max(256, int(2**k * p["scale_m"]))
+            common = (c["data"], c["args"], p["scale_n"], m, iters, p["measured"], NO_BUDGET)
+            dense = median_run("dense", *common, None)
+            runs = {method: median_run(method, *common, None) for method in c["methods"]}
+            best = min(runs, key=lambda k: runs[k]["total_s"])
+            whole, setup = runs[best]["total_s"], runs[best]["setup_s"]
+            entry = {
+                "m": m,
+                "dense_total_s": dense["total_s"],
+                "dense_iteration_s": dense["iteration_median_s"],
+                "methods": {
+                    k: {key: v for key, v in r.items() if key != "loss"} for k, r in runs.items()
+                },
+                "best": best,
+                "whole_over_setup": whole / setup,
+                "speedup_vs_dense": dense["total_s"] / whole,
+                "exact": all(_agree(r, dense) for r in runs.values()),
+            }
+            results[name]["runs"].append(entry)
+            rows.append(
+                [
+                    name,
+                    f"2^{int(np.log2(m))}" if m & (m - 1) == 0 else m,
+                    f"{dense['total_s']:.3g}",
+                    f"{whole:.3g} ({best})",
+                    f"{setup:.3g}",
+                    f"{whole / setup:.3g}",
+                    f"{dense['total_s'] / whole:.3g}",
+                    entry["exact"],
+                ]
+            )
+            ordered = {k: results[k] for k in CASES if k in results}
+            save_result(out_dir, f"widths_{size}", {"size": size, "results": ordered})
+    print_table(
+        "whole runs against width (dense extrapolated)",
+        ["data", "m", "dense (s)", "best (s)", "set-up (s)", "run/set-up", "vs dense", "exact"],
+        rows,
+    )
+    return {"size": size, "results": results}
