@@ -263,15 +263,17 @@ class DeviceBand(Trainer):
                 setattr(self, name, torch.cat((a, z), dim=1))
 
     # -- values, outputs ---------------------------------------------------------------
-    def _moved(self, idx, C):
+    def _moved(self, idx, C, P=None):
         """The coefficient changes since the anchor of rows ``idx`` at the columns that
         moved (those that fired: only they enter the Gram sums): their points ``Jp`` and
-        changes ``dCp``, ``(k, P)``, P the most in a row."""
+        changes ``dCp``, ``(k, P)``, P the most in a row (read from the device unless
+        given: any bound on it gives the same sums, padded)."""
         torch = self.torch
         J = self.J[idx, : C.shape[1]]  # the rows' places beyond C's are pads
         dC = C - self.cref[idx, : C.shape[1]]
         moving = dC != 0
-        P = int(moving.sum(dim=1).max()) if idx.numel() else 0
+        if P is None:
+            P = int(moving.sum(dim=1).max()) if idx.numel() else 0
         first = marked_first(torch, moving, P)
         return torch.gather(J, 1, first), torch.gather(dC, 1, first)
 

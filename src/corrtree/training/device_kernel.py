@@ -173,7 +173,8 @@ class DeviceKernelTrainer(DeviceBand):
         nK = self.n * K
         touched = changed.any(dim=1)
         entries = changed.sum(dim=1) * (fn.sum(dim=1) + fo.sum(dim=1))
-        scattered, k = (int(v) for v in torch.stack((entries.sum() * K * K, touched.sum())))
+        both = torch.stack((entries.sum() * K * K, touched.sum())).tolist()  # one transfer
+        scattered, k = (int(v) for v in both)
         rate = self._rates()
         by_gemm = 4.0 * k * nK * nK / rate["flops32"] + 48.0 * nK * nK / rate["bytes"]
         fits = 8.0 * nK * nK <= _CHUNK_SHARE * free_bytes(self.device)  # a float32 product
@@ -295,29 +296,32 @@ class DeviceKernelTrainer(DeviceBand):
         return torch.sqrt(rows * (1.0 + 4.0 * (Pf + 2) * _EPS))
 
     # -- a visit -------------------------------------------------------------------------
-    def _distance(self, idx, C):
+    def _distance(self, idx, C, P=None):
         """``D >= ||w_r(t) - w_r(t_a)||`` of rows ``idx``: ``sqrt(ΔCᵀ G ΔC)`` over the
-        moved columns, with the margin of its rounding (:meth:`DeviceBand._distance_of`)."""
+        moved columns, with the margin of its rounding (:meth:`DeviceBand._distance_of`);
+        ``P``: as for :meth:`DeviceBand._moved`."""
         torch = self.torch
-        Jp, dCp = self._moved(idx, C)
+        Jp, dCp = self._moved(idx, C, P)
         P = Jp.shape[1]
         if P == 0:
             return torch.zeros(idx.numel(), dtype=self._f64, device=self.device)
         G = self.Gp[Jp[:, :, None], Jp[:, None, :]]
         return self._distance_of((dCp * torch.bmm(dCp[:, None, :], G)[:, 0, :]).sum(dim=1), dCp)
 
-    def _values_at(self, idx, C, due):
+    def _values_at(self, idx, C, due, P=None, Qd=None):
         """Values of rows ``idx`` by the Gram identity at the places ``due`` (0 elsewhere):
-        O(k·P·Qd) gathers, ``Qd`` the most due places in a row."""
+        O(k·P·Qd) gathers, ``Qd`` the most due places in a row (read from the device
+        unless given, as ``P``: :meth:`DeviceBand._moved`)."""
         torch = self.torch
         width = C.shape[1]
         J = self.J[idx, :width]
-        Qd = int(due.sum(dim=1).max())
+        if Qd is None:
+            Qd = int(due.sum(dim=1).max())
         places = marked_first(torch, due, Qd)
         real = torch.gather(due, 1, places)
         Jd = torch.where(real, torch.gather(J, 1, places), self.n)
         Vd = torch.gather(self.uref[idx, :width], 1, places)
-        Jp, dCp = self._moved(idx, C)
+        Jp, dCp = self._moved(idx, C, P)
         if Jp.shape[1]:
             Gs = self.Gp[Jp[:, :, None], Jd[:, None, :]]  # (k, P, Qd)
             Vd = Vd - torch.bmm(dCp[:, None, :], Gs)[:, 0, :]
@@ -325,7 +329,7 @@ class DeviceKernelTrainer(DeviceBand):
         V.scatter_(1, places, torch.where(real, Vd, 0.0))
         return V
 
-    def _by_product(self, idx, C, due, banded) -> bool:
+    def _by_product(self, idx, C, due, banded) -> tuple[bool, int, int]:
         """Whether rows ``idx`` cost less by their moves than by the Gram identity,
         priced with the device's rates (:data:`~corrtree._config.DEVICE_RATES`): the
         Gram identity gathers ``P·Qd`` entries a row for its due values and ``P²`` a
@@ -333,17 +337,19 @@ class DeviceKernelTrainer(DeviceBand):
         its most due places: the batch is padded to them); the moves are one GEMM
         ``ΔC·X`` (``2·n·d`` flops a row), and the values one more against every point
         (``2·n·d``), from which the due ones are gathered.  Either gives every value and
-        distance to its rounding (:meth:`_allow`)."""
+        distance to its rounding (:meth:`_allow`).  Returns the choice, ``P`` and ``Qd``
+        (one transfer: the Gram identity then reads neither again)."""
         torch = self.torch
         moving = C != self.cref[idx, : C.shape[1]]
-        P, Qd = (int(v) for v in torch.stack((moving.sum(dim=1).max(), due.sum(dim=1).max())))
+        most = torch.stack((moving.sum(dim=1).max(), due.sum(dim=1).max(), banded.sum()))
+        P, Qd, kb = (int(v) for v in most.tolist())  # one transfer
         if P == 0:
-            return False
+            return False, P, Qd
         rate = self._rates()
-        k, kb, n, d = idx.numel(), int(banded.sum()), self.n, self.X.shape[1]
-        gram = (k * P * Qd + kb * P * P) / rate["gathers"]
+        k, n, d = idx.numel(), self.n, self.X.shape[1]
+        gram = (k * Qd + kb * P) * P / rate["gathers"]
         product = 2.0 * k * n * d * (1 + (Qd > 0)) / rate["flops64"]
-        return product + k * (n + 1 + Qd) / rate["gathers"] < gram
+        return product + k * (n + 1 + Qd) / rate["gathers"] < gram, P, Qd
 
     def _rates(self) -> dict[str, float]:
         """The device's rates (:data:`~corrtree._config.DEVICE_RATES`)."""
@@ -388,7 +394,7 @@ class DeviceKernelTrainer(DeviceBand):
         key, bandkey = self.key[idx, :width], self.bandkey[idx]
         banded = clock >= bandkey
         due = (key <= clock[:, None]) & (self.J[idx, :width] < n)
-        product = self._by_product(idx, C, due, banded)
+        product, P, Qd = self._by_product(idx, C, due, banded)
         if product:
             dW, l1 = self._moves(idx, C)
         D = torch.zeros_like(clock)
@@ -396,7 +402,7 @@ class DeviceKernelTrainer(DeviceBand):
             if product:
                 D[banded] = self._distance_by_move(dW[banded], l1[banded])
             else:
-                D[banded] = self._distance(idx[banded], C[banded])
+                D[banded] = self._distance(idx[banded], C[banded], P)
         bad = banded & self._expired(idx, D)
         again = int(bad.sum())
         due &= ~bad[:, None]
@@ -405,7 +411,7 @@ class DeviceKernelTrainer(DeviceBand):
         elif product:
             V = self._values_by_move(idx, C, due, dW)
         else:
-            V = self._values_at(idx, C, due)
+            V = self._values_at(idx, C, due, P, Qd)
         if again:
             ra = idx[bad]
             oldJ, fo_ra, kap_ra = self.J[ra, :width], fo[bad], kap[bad]
