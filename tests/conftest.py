@@ -2,6 +2,8 @@ import os
 
 from hypothesis import HealthCheck, settings
 
+import corrtree  # noqa: F401  first: OpenBLAS then spins briefly (corrtree._threads)
+
 settings.register_profile(
     "ci",
     max_examples=60,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import corrtree as ct
-from corrtree.training._pool import Pool, zeros
+from corrtree.training._pool import CAP, Pool, zeros
 from corrtree.training.band import row_groups
 
 FAST = ["lazy", "kernel"]
@@ -275,6 +275,20 @@ def test_pool_growth_in_small_page_memory_keeps_the_entries(monkeypatch):
     assert not pool.arrays.uref[used:].any() and not pool.arrays.fire.any()
     pool.use_velocities()
     assert pool.arrays.vel.shape == (pool.capacity,) and not pool.arrays.vel.any()
+
+
+def test_pool_reserves_room_to_reanchor_and_states_keep_the_used_places():
+    X, y, model0 = _problem(60, 1200, 16, 2, 8, b_scale=0.8)
+    trainer = ct.training.lazy.LazyTrainer(model0, X, y.reshape(60, -1), X @ X.T, lr=0.5)
+    pool, seg = trainer.store.pool, trainer.store.seg
+    caps = seg[:, CAP].sum()  # the set-up's places, slack included
+    assert pool.used == caps
+    # the reserve, estimated from the first block, leaves room for re-anchored segments
+    assert pool.capacity >= 1.5 * caps
+    assert pool.nbytes == pool.used * sum(a.itemsize for a in pool.arrays if a.shape[0])
+    arrays, scalars = trainer.state()
+    assert scalars["pool_used"] == pool.used
+    assert all(arrays[f"pool_{k}"].shape == (pool.used,) for k in ("j", "val", "fire"))
 
 
 @pytest.mark.parametrize("method", ["lazy", "kernel"])

@@ -1,13 +1,61 @@
-"""Thread settings that must be made before numpy is first imported."""
+"""Thread settings: OpenBLAS's spinning threads against numba's.
 
+OpenBLAS worker threads spin for ~0.1 s after each call and starve the numba threads
+that run next (on two cores the band trainers' iterations then take up to 2.5× as long:
+W5's data, logistic loss, m = 2^16, lazy, 300 iterations: 27–30 s against 10–12 s).
+``OPENBLAS_THREAD_TIMEOUT`` shortens the spin, but OpenBLAS reads it once, when numpy
+loads it: ``import corrtree`` sets it first thing (:func:`quiet_openblas`).  Where numpy
+was imported first, the band trainers run their iterations with OpenBLAS on one thread
+instead (:func:`quiet_blas`), through ``threadpoolctl`` where it is installed (it comes
+with scikit-learn); without it they warn once and run as they are.
+"""
+
+import contextlib
 import os
+import sys
+import warnings
+from collections.abc import Iterator
 
-#: OpenBLAS worker threads spin for ~0.1 s after each call and then starve the
-#: numba threads that run next; a short spin (in ms) keeps the two from fighting.
+#: The spin of OpenBLAS's worker threads after a call, in ms, set before numpy loads.
 OPENBLAS_THREAD_TIMEOUT = "4"
+
+#: Whether OpenBLAS spins briefly in this process: the variable was set before numpy
+#: was imported (by the user, or by :func:`quiet_openblas` at ``import corrtree``).
+SHORT_SPIN = True
+_warned = False
 
 
 def quiet_openblas() -> None:
-    """Set ``OPENBLAS_THREAD_TIMEOUT`` unless the user did.  It only takes effect
-    before numpy is first imported: ``import corrtree`` does it first thing."""
+    """Set ``OPENBLAS_THREAD_TIMEOUT`` unless the user did, and note whether it takes
+    effect (numpy not yet imported, or the variable set by the user before)."""
+    global SHORT_SPIN
+    SHORT_SPIN = "OPENBLAS_THREAD_TIMEOUT" in os.environ or "numpy" not in sys.modules
     os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", OPENBLAS_THREAD_TIMEOUT)
+
+
+@contextlib.contextmanager
+def quiet_blas(needed: bool = True) -> Iterator[None]:
+    """OpenBLAS on one thread inside the block when its threads spin long
+    (not :data:`SHORT_SPIN`) and ``needed``; otherwise nothing.  The limit is undone on
+    leaving, whatever happens inside."""
+    global _warned
+    if SHORT_SPIN or not needed:
+        yield
+        return
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        if not _warned:
+            _warned = True
+            warnings.warn(
+                "numpy was imported before corrtree, so OpenBLAS's threads spin ~0.1 s "
+                "after each call and slow the lazy and kernel trainers (up to 2.5x on two "
+                "cores): import corrtree first, set OPENBLAS_THREAD_TIMEOUT=4 before "
+                "starting Python, or install threadpoolctl",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        yield
+        return
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield

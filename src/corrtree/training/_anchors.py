@@ -421,9 +421,9 @@ class BandState:
             self.nf[s:e, BETA] = band_widths(fires, self.band, mean_fire)
             tau[: e - s] = self.b - self.nf[s:e, BETA]
             counts = count_candidates(U, tau[: e - s], leaf_err)
-            if s == 0:  # size the pool from the first block, with a margin
-                per = (counts.sum() + _config.SEGMENT_SLACK_ADD * rows.shape[0]) / rows.shape[0]
-                self.pool.reserve(int(_config.POOL_FIRST_BLOCK_MARGIN * per * m))
+            if s == 0:  # size the pool from the first block, with room to re-anchor
+                per = Pool.segment_caps(counts, tight=w0.implicit).mean()
+                self.pool.reserve(int(_config.POOL_RESERVE * per * m))
             self.pool.place(self.seg, rows, counts, tight=w0.implicit)
             fill_new_anchors(U, rows, tau[: e - s], leaf_err, self.seg, self.pool.arrays, self.b)
             t3 = clock()

@@ -134,7 +134,20 @@ class Pool:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.arrays)
+        """Bytes of the places handed out (the rest of the capacity is reserved address
+        space, committed on first write)."""
+        return sum(a.itemsize * min(self.used, a.shape[0]) for a in self.arrays)
+
+    @staticmethod
+    def segment_caps(counts: np.ndarray, tight: bool = False) -> np.ndarray:
+        """The places :meth:`place` gives segments of ``counts`` entries: the count plus
+        a slack (:data:`~corrtree._config.SEGMENT_SLACK_DIV` and ``_ADD``, or their
+        ``_TIGHT`` variants)."""
+        if tight:
+            div, add = _config.SEGMENT_SLACK_DIV_TIGHT, _config.SEGMENT_SLACK_ADD_TIGHT
+        else:
+            div, add = _config.SEGMENT_SLACK_DIV, _config.SEGMENT_SLACK_ADD
+        return counts + counts // div + add
 
     def reserve(self, extra: int) -> None:
         """Make room for ``extra`` more places at the end (amortized growth)."""
@@ -159,12 +172,8 @@ class Pool:
         self, seg: np.ndarray, rows: np.ndarray, counts: np.ndarray, tight: bool = False
     ) -> None:
         """Give each neuron of ``rows`` a fresh, empty segment of capacity above its count
-        (``tight``: with the smaller slack of :data:`~corrtree._config.SEGMENT_SLACK_DIV_TIGHT`)."""
-        if tight:
-            div, add = _config.SEGMENT_SLACK_DIV_TIGHT, _config.SEGMENT_SLACK_ADD_TIGHT
-        else:
-            div, add = _config.SEGMENT_SLACK_DIV, _config.SEGMENT_SLACK_ADD
-        caps = counts + counts // div + add
+        (:meth:`segment_caps`; ``tight``: with the smaller slack)."""
+        caps = self.segment_caps(counts, tight)
         self.reserve(int(caps.sum()))
         starts = self.used + np.concatenate(([0], np.cumsum(caps)[:-1]))
         seg[rows, START] = starts

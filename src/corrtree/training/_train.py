@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import _config
 from .._io import remove_stale_temporaries
+from .._threads import quiet_blas
 from .._validation import as_matrix
 from ..model import TwoLayerReLU
 from ._base import Trainer
@@ -539,26 +540,29 @@ def _run(
     use_signal = checkpoint is not None and threading.current_thread() is threading.main_thread()
     previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS} if use_signal else {}
     hist.weights_source = trainer.weights
-    try:
-        for t in range(len(hist), meta["iters"]):
-            B = opt.batch(t)
-            ub = trainer.outputs() if B is None else trainer.batch_outputs(B)
-            err, loss, step = opt.errors(t, ub, trainer.Y)
-            hist.append(**trainer.advance(err, step), loss=loss)
-            run.end_step(hist, t, trainer.outputs, trainer.outputs_at, trainer.Y, meta)
-            if callback is not None and callback(t, hist) is False:
-                break
-            every = meta["checkpoint_every"]
-            if checkpoint is not None and (stop or (every and (t + 1) % every == 0)):
-                save_checkpoint(checkpoint, model, trainer, hist, meta)
-            if stop:
-                raise KeyboardInterrupt(
-                    f"interrupted after iteration {t}; state saved to {checkpoint}"
-                )
-    finally:
-        hist.weights_source = None
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    # the band trainers' iterations are numba kernels between small GEMMs: OpenBLAS's
+    # long-spinning threads (numpy imported before corrtree) would starve them
+    with quiet_blas(isinstance(trainer, BandTrainer)):
+        try:
+            for t in range(len(hist), meta["iters"]):
+                B = opt.batch(t)
+                ub = trainer.outputs() if B is None else trainer.batch_outputs(B)
+                err, loss, step = opt.errors(t, ub, trainer.Y)
+                hist.append(**trainer.advance(err, step), loss=loss)
+                run.end_step(hist, t, trainer.outputs, trainer.outputs_at, trainer.Y, meta)
+                if callback is not None and callback(t, hist) is False:
+                    break
+                every = meta["checkpoint_every"]
+                if checkpoint is not None and (stop or (every and (t + 1) % every == 0)):
+                    save_checkpoint(checkpoint, model, trainer, hist, meta)
+                if stop:
+                    raise KeyboardInterrupt(
+                        f"interrupted after iteration {t}; state saved to {checkpoint}"
+                    )
+        finally:
+            hist.weights_source = None
+            for s, handler in previous.items():
+                signal.signal(s, handler)
     hist.final_loss = trainer.final_loss()
     check_divergence(hist, trainer.lr, meta["patience"])
     if "costs" in hist.info:  # method="auto": the measurement beside the model's estimate

@@ -368,7 +368,12 @@ class BandTrainer(Trainer):
             "nf": st.nf,
             "E": st.E,
             "u": self.u,
-            **{f"pool_{k}": v for k, v in st.pool.arrays._asdict().items() if v.shape[0]},
+            # the used places only: the rest of the capacity is reserved, never written
+            **{
+                f"pool_{k}": v[: st.pool.used]
+                for k, v in st.pool.arrays._asdict().items()
+                if v.shape[0]
+            },
         }
         return arrays, {
             "anchor_dtype": st.anchor_dtype.name,
