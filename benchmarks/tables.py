@@ -726,6 +726,19 @@ def losses(res: dict) -> str:
             ]
         )
     agree = all(r["losses_agree_with_dense"] for r in speed.values())
+    # dense does the same arithmetic for either loss: its spread between the two is noise,
+    # which the ratio of speed-ups carries; the best method's own times beside it
+    spreads = []
+    for r in speed.values():
+        sq = speed.get(f"{r['workload']} squared")
+        if r["loss"] == "squared" or sq is None:
+            continue
+        dense = r["runs"]["dense"]["total_s"] / sq["runs"]["dense"]["total_s"]
+        own = r["runs"][r["best"]]["total_s"] / sq["runs"][r["best"]]["total_s"]
+        spreads.append(
+            f"{r['workload']}: dense {dense:.2f}×, {r['best']} {own:.2f}× "
+            f"(so {dense / own:.2f}× by the speed-ups, {1 / own:.2f}× by {r['best']}'s times)"
+        )
     out = [
         _table(
             [
@@ -744,6 +757,13 @@ def losses(res: dict) -> str:
         "\\* extrapolated from the first iterations. Every method's first losses equal "
         f"dense's with the same loss (1e-9): {agree}.",
     ]
+    if spreads:
+        out += [
+            "",
+            "Whole run with the classification loss over the same method's with the squared "
+            "loss, in this session (dense numpy does the same arithmetic for both, so its "
+            "spread is this machine's noise): " + "; ".join(spreads) + ".",
+        ]
     quality = res.get("quality")
     if quality:
         settings = res["quality_settings"]

@@ -256,3 +256,22 @@ def test_cli_trains_the_loss_it_is_given(tmp_path):
     assert len(history["accuracy"]) == 5
     refused = run("train", "--data", "sphere", "--loss", "logistic", "--out", out, check=False)
     assert refused.returncode == 1 and "needs class labels" in refused.stderr
+    # the probabilities of the trained model: softmax of its outputs, on its own transform
+    ds = ct.datasets.digits()
+    np.savez(tmp_path / "x.npz", X=ds.X_test[:7])
+    model = ct.TwoLayerReLU.load(out / "model.npz")
+    from corrtree.preprocessing import load_transform
+
+    u = model.predict(load_transform(out / "model.npz", model.d)(ds.X_test[:7]))
+    shown = run("predict", "--model", out / "model.npz", "--data", tmp_path / "x.npz", "--proba")
+    proba = np.array([[float(v) for v in line.split(",")] for line in shown.stdout.split()])
+    want = np.exp(u - u.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(proba, want / want.sum(axis=1, keepdims=True), rtol=1e-8)
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-8)
+    # a model of the squared loss gives none: one line naming the loss
+    summary["loss"] = "squared"
+    (out / "summary.json").write_text(json.dumps(summary))
+    args = ("predict", "--model", out / "model.npz", "--data", tmp_path / "x.npz", "--proba")
+    refused = run(*args, check=False)
+    assert refused.returncode == 1 and "squared loss" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1

@@ -236,6 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", help="write the predictions to this CSV file instead of stdout")
     p.add_argument(
+        "--proba",
+        action="store_true",
+        help="class probabilities instead of the outputs, one column per class (a model "
+        "trained with --loss logistic or cross_entropy: the summary.json beside it says)",
+    )
+    p.add_argument(
         "--no-normalize",
         action="store_true",
         help="for a model file without a stored input transform: do not scale rows to unit "

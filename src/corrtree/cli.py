@@ -27,6 +27,7 @@ from .model import TwoLayerReLU
 from .preprocessing import load_transform
 from .training import CheckpointError, History, TrainingDiverged, resume, train, warmup
 from .training.checkpoint import read_manifest
+from .training.losses import get_loss
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
@@ -468,6 +469,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     elif not args.no_normalize:
         X = datasets.unit_rows(X)
     pred = model.predict(X)
+    if args.proba:
+        pred = get_loss(_trained_loss(Path(args.model))).probabilities(pred.reshape(len(X), -1))
     lines = [",".join(f"{v:.10g}" for v in np.atleast_1d(row)) for row in pred]
     text = "".join(line + "\n" for line in lines)
     if args.out:
@@ -475,9 +478,28 @@ def cmd_predict(args: argparse.Namespace) -> int:
         print(f"wrote {len(lines)} predictions to {args.out}")
     else:
         sys.stdout.write(text)
-    if y is not None and y.dtype.kind == "f" and y.shape == pred.shape:
+    if not args.proba and y is not None and y.dtype.kind == "f" and y.shape == pred.shape:
         print(f"mean squared error: {float(np.mean((pred - y) ** 2)):.6g}", file=sys.stderr)
     return 0
+
+
+def _trained_loss(model_path: Path) -> str:
+    """The loss a model written by ``corrtree train`` was trained with, if it gives
+    probabilities (the ``summary.json`` beside it)."""
+    summary = model_path.resolve().parent / "summary.json"
+    try:
+        loss = json.loads(summary.read_text())["loss"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise CliError(
+            f"--proba needs the loss {model_path} was trained with, from {summary} "
+            "(written by corrtree train beside model.npz): it is missing or unreadable"
+        ) from None
+    if loss not in ("logistic", "cross_entropy"):
+        raise CliError(
+            f"--proba: {model_path} was trained with the {loss} loss, which gives no "
+            "probabilities (train with --loss cross_entropy or logistic)"
+        )
+    return str(loss)
 
 
 def _predict_inputs(path: str, d: int, header: bool | None) -> tuple[np.ndarray, np.ndarray | None]:
