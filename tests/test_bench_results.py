@@ -142,3 +142,14 @@ def test_stored_width_runs_are_exact_and_their_ratios_add_up():
             < 1e-9 * e["speedup_vs_dense"]
         )
         assert not any(r["extrapolated"] for r in e["methods"].values())  # every iteration
+
+
+def test_agreement_checks_tell_a_different_trajectory():
+    from corrtree.bench import workloads
+
+    ref = [10.0, 5.0, 2.5]
+    assert workloads.same_losses({"loss": [10.0, 5.0 * (1 + 1e-12)]}, ref)
+    assert not workloads.same_losses({"loss": [10.0, 5.0 * (1 + 1e-6), 2.5]}, ref)
+    run = {"final_loss": 1.0, "final_loss_dense": 1.0 + 1e-13}
+    assert workloads.final_consistent(run, ref[0])
+    assert not workloads.final_consistent({**run, "final_loss": 1.001}, ref[0])

@@ -465,3 +465,17 @@ def test_device_kernel_keys_let_quiet_neurons_rest():
         assert torch.isinf(tr.key[pads]).all()
         assert (tr.limit > tr.clock).all()  # every neuron visited when due
     assert reanchored > 0 and len(widths) > 1
+
+
+def test_pytorch_dense_baseline_leaves_the_model_as_it_was():
+    """The benchmark's PyTorch loop updates its weights in place: on the CPU in float64
+    they must be a copy of ``W(0)``, not the model's own memory."""
+    from corrtree.bench.gpu import torch_dense
+
+    ds = ct.datasets.sphere(n=30, d=5, seed=0)
+    model = ct.TwoLayerReLU.init(d=5, m=64, seed=0)
+    W0 = model.W.copy()
+    Y = ds.y_train.reshape(30, -1)
+    res = torch_dense(ds.X_train, Y, model, 0.5, 3, 2, torch.device("cpu"), "float64")
+    np.testing.assert_array_equal(model.W, W0)
+    assert res["first_loss"] == pytest.approx(model.loss(ds.X_train, ds.y_train), rel=1e-12)

@@ -109,7 +109,9 @@ def torch_dense(X, Y, model, lr, iters, measured, dev, precision: str) -> dict[s
         Xt = torch.as_tensor(X, dtype=dtype, device=dev)
         Yt = torch.as_tensor(Y, dtype=dtype, device=dev)
         At = torch.as_tensor(np.array(model.output_weights), dtype=dtype, device=dev)
-        Wt = torch.as_tensor(model.W, dtype=dtype, device=dev)
+        # a copy: the steps update Wt in place, and on the CPU in float64 as_tensor would
+        # share the model's (read-only) W(0) with it
+        Wt = torch.tensor(model.W, dtype=dtype, device=dev)
         synchronize(dev)
         setup = time.perf_counter() - t0
         step = lr / math.sqrt(model.m)

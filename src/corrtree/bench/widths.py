@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ._util import print_table, save_result
-from .workloads import median_run
+from .workloads import final_consistent, median_run, same_losses
 
 __all__ = ["CASES", "SIZES", "run"]
 
@@ -70,14 +70,8 @@ NO_BUDGET = 1e9
 
 
 def _agree(kernel: dict[str, Any], dense: dict[str, Any]) -> bool:
-    ref, got = dense["loss"], kernel["loss"]
-    k = min(len(ref), len(got))
-    first = np.allclose(got[:k], ref[:k], rtol=1e-9, atol=1e-12 * ref[0])
-    final = (
-        abs(kernel["final_loss"] - kernel["final_loss_dense"])
-        <= 1e-9 * abs(kernel["final_loss_dense"]) + 1e-12 * ref[0]
-    )
-    return bool(first and final)
+    ref = dense["loss"]
+    return same_losses(kernel, ref) and final_consistent(kernel, ref[0])
 
 
 def run(

@@ -196,6 +196,21 @@ def one_run(
     return out
 
 
+def same_losses(run: dict[str, Any], ref: list[float]) -> bool:
+    """Whether a run's first losses equal the reference's (dense's) to 1e-9, over the
+    iterations both measured."""
+    got = run["loss"]
+    k = min(len(ref), len(got))
+    return bool(np.allclose(got[:k], ref[:k], rtol=1e-9, atol=1e-12 * ref[0]))
+
+
+def final_consistent(run: dict[str, Any], scale: float) -> bool:
+    """Whether a whole run's final loss equals a dense forward pass of its final weights
+    (1e-9; ``scale``, the first loss, sets the absolute floor)."""
+    want = run["final_loss_dense"]
+    return bool(abs(run["final_loss"] - want) <= 1e-9 * abs(want) + 1e-12 * scale)
+
+
 def median_run(*args: Any) -> dict[str, Any]:
     """:func:`one_run` in a fresh process (:func:`~._util.in_child`), repeated if it ran
     whole in a short time (:data:`REPEAT_BELOW_S`): the run with the median
@@ -249,22 +264,9 @@ def run(
         fastest = min(ok, key=lambda k: ok[k]["total_s"])
         auto_total = t_choice + ok[chosen]["total_s"] if chosen in ok else math.inf
         ref = runs["dense"]["loss"]
-        agree = {
-            k: bool(
-                np.allclose(
-                    r["loss"][: len(ref)], ref[: len(r["loss"])], rtol=1e-9, atol=1e-12 * ref[0]
-                )
-            )
-            for k, r in runs.items()
-            if "loss" in r
-        }
+        agree = {k: same_losses(r, ref) for k, r in runs.items() if "loss" in r}
         consistent = {
-            k: bool(
-                abs(r["final_loss"] - r["final_loss_dense"])
-                <= 1e-9 * abs(r["final_loss_dense"]) + 1e-12 * ref[0]
-            )
-            for k, r in runs.items()
-            if "final_loss_dense" in r
+            k: final_consistent(r, ref[0]) for k, r in runs.items() if "final_loss_dense" in r
         }
         sketches = [np.array(r["sketch"]) for k, r in ok.items() if r.get("sketch")]
         same_w = all(
