@@ -479,3 +479,43 @@ def test_pytorch_dense_baseline_leaves_the_model_as_it_was():
     res = torch_dense(ds.X_train, Y, model, 0.5, 3, 2, torch.device("cpu"), "float64")
     np.testing.assert_array_equal(model.W, W0)
     assert res["first_loss"] == pytest.approx(model.loss(ds.X_train, ds.y_train), rel=1e-12)
+
+
+@pytest.mark.parametrize("method", ["lazy", "kernel"])
+def test_device_band_trainers_take_w0_without_a_host_copy(monkeypatch, method):
+    """``W(0)`` of an explicit model reaches the device from the model's own memory (on
+    ``cpu`` the trainer reads that memory itself); the model's ``W(0)`` is untouched until
+    the run writes ``W(T)``, the dense trajectory's."""
+    from corrtree.training import device_band
+
+    X, y = _data(n=40, d=6, K=1, seed=3)
+    model = ct.TwoLayerReLU.init(d=6, m=512, seed=4)
+    dense = ct.TwoLayerReLU(model.W, model.a, model.b)
+    W0 = model.W.copy()
+    shared, seen = [], []
+    upload = device_band._uploaded
+
+    def uploaded(torch_, W, dev):
+        out = upload(torch_, W, dev)
+        shared.append(out.data_ptr() == W.ctypes.data == model.W.ctypes.data)
+        return out
+
+    monkeypatch.setattr(device_band, "_uploaded", uploaded)
+    ct.train(
+        model, X, y, method=method, iters=6, device="cpu",
+        callback=lambda t, h: seen.append(np.array_equal(model.W, W0)),
+    )  # fmt: skip
+    assert shared == [True] and seen == [True] * 6
+    ct.train(dense, X, y, method="dense", iters=6)
+    np.testing.assert_allclose(model.W, dense.W, rtol=0, atol=1e-9)
+
+
+def test_w0_is_uploaded_from_the_model_memory():
+    from corrtree.training.device_band import _uploaded
+
+    W = np.arange(12.0).reshape(3, 4)
+    W.flags.writeable = False
+    on_cpu = _uploaded(torch, W, torch.device("cpu"))
+    assert on_cpu.data_ptr() == W.ctypes.data  # no copy on the host
+    odd = _uploaded(torch, np.asfortranarray(W.astype(np.float32)), torch.device("cpu"))
+    assert odd.dtype == torch.float64 and np.array_equal(odd.numpy(), W)
