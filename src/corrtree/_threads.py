@@ -14,7 +14,7 @@ import contextlib
 import os
 import sys
 import warnings
-from collections.abc import Iterator
+from typing import Any
 
 #: The spin of OpenBLAS's worker threads after a call, in ms, set before numpy loads.
 OPENBLAS_THREAD_TIMEOUT = "4"
@@ -33,15 +33,13 @@ def quiet_openblas() -> None:
     os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", OPENBLAS_THREAD_TIMEOUT)
 
 
-@contextlib.contextmanager
-def quiet_blas(needed: bool = True) -> Iterator[None]:
-    """OpenBLAS on one thread inside the block when its threads spin long
-    (not :data:`SHORT_SPIN`) and ``needed``; otherwise nothing.  The limit is undone on
-    leaving, whatever happens inside."""
+def quiet_blas(needed: bool = True) -> contextlib.AbstractContextManager[Any]:
+    """A context with OpenBLAS on one thread when its threads spin long (not
+    :data:`SHORT_SPIN`) and ``needed`` (``threadpoolctl``'s limit, undone on leaving,
+    whatever happens inside); otherwise one that does nothing."""
     global _warned
     if SHORT_SPIN or not needed:
-        yield
-        return
+        return contextlib.nullcontext()
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:
@@ -55,7 +53,5 @@ def quiet_blas(needed: bool = True) -> Iterator[None]:
                 RuntimeWarning,
                 stacklevel=3,
             )
-        yield
-        return
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=1, user_api="blas")
