@@ -296,28 +296,30 @@ def ntk_fits(n: int, outputs: int) -> bool:
 
 
 # -- the array path's cost model (training/device_costs.py) ----------------------------
-#: Tensor operations launched per iteration, counted in the trainers' code: dense (two
-#: GEMMs, the mask, the reductions), lazy (the coefficient pass, the Gram gathers, the
-#: certificate, the sort-free outputs), kernel without a visit (the mat-vec, the clocks,
-#: the due mask) and per chunk of visited neurons.  Each costs the device's measured
-#: launch time, which on a GPU is what a small problem's iteration costs.
+#: Tensor operations launched per iteration, counted in the trainers' code with
+#: ``corrtree.bench.device_count`` (``tests/test_device_count.py``): dense (two GEMMs,
+#: the mask, the reductions), lazy (the coefficients, every row's values by GEMM, the
+#: re-anchoring batch, the outputs by GEMM, one transfer), kernel without a visit (the
+#: mat-vec, the clocks, the due mask, one transfer) and a kernel visit (one batch of
+#: the due neurons, whatever their number).  Each costs the device's measured launch
+#: time, which on a GPU is what a small problem's iteration costs.
 DEVICE_DENSE_OPS = 12
-DEVICE_LAZY_OPS = 60
-DEVICE_KERNEL_OPS = 20
-DEVICE_VISIT_OPS = 90
-#: The device kernel trainer bounds a step by Gershgorin's σ (O(Pf²) gathers a neuron,
-#: recomputed when its fire set changes) only for fire sets of at most this many points:
-#: σ beats the triangle bound on incoherent data, whose fire sets are short (W1: 15 on
-#: average), while on coherent data (image patches: hundreds) λ_max is near the trace
-#: and the triangle bound is as good.
+DEVICE_LAZY_OPS = 135
+DEVICE_KERNEL_OPS = 35
+DEVICE_VISIT_OPS = 285
+#: The device kernel trainer bounds a step by Gershgorin's σ (one GEMM of a visited
+#: row's fire flags with |G|, 2·(n+1)² flops, recomputed when its fire set changes) when
+#: the mean fire set at the start has at most this many points: σ beats the triangle
+#: bound on incoherent data, whose fire sets are short (W1: 15 on average), while on
+#: coherent data (image patches: hundreds) λ_max is near the trace and the triangle
+#: bound is as good.
 DEVICE_SIGMA_POINTS = 64
 #: The rates the device kernel trainer prices its choices with, by device type: float64
 #: and float32 GEMM flops, gathered and scattered (accumulated) entries, and bytes
-#: streamed, each a second.  A bucket of due neurons is evaluated by the Gram identity
-#: (``P·Q`` gathers a row) or by its moves ``ΔC·X`` and one GEMM against the points
-#: (``4·n·d`` flops a row); its flips change ``N`` entry by entry (``2·|S|·K²`` scattered
-#: additions a flip) or by float32 GEMMs of the changed rows' fire sets
-#: (``DeviceKernelTrainer._by_product``, ``_change_counts``).  ``cuda``: measured on an H200
+#: streamed, each a second, and the seconds of a host synchronization and of a launch.
+#: A visit's flips change ``N`` entry by entry (``2·|S|·K²`` scattered additions a flip,
+#: the flips listed: six synchronizations) or by float32 GEMMs of the visited rows' fire
+#: sets (``DeviceKernelTrainer._change_counts``).  ``cuda``: measured on an H200
 #: (``G = XXᵀ`` at n = 2048, d = 768 in float64 in 0.12 ms; 14 M gathers from a resident
 #: ``G`` with a row sum in 0.42 ms, 3.6 ms through a deterministic ``index_add_``; the
 #: rates of ``corrtree.bench.device_count.H200``); ``cpu``: torch on the 2-core machines
@@ -330,8 +332,18 @@ DEVICE_RATES = {
         "gathers": 33e9,
         "scatters": 33e9 / 8.5,
         "bytes": 4.1e12,
+        "sync": 22.5e-6,
+        "launch": 7.5e-6,
     },
-    "cpu": {"flops64": 5e10, "flops32": 1e11, "gathers": 1e8, "scatters": 2e7, "bytes": 1e10},
+    "cpu": {
+        "flops64": 5e10,
+        "flops32": 1e11,
+        "gathers": 1e8,
+        "scatters": 2e7,
+        "bytes": 1e10,
+        "sync": 1e-6,
+        "launch": 2e-6,
+    },
 }
 #: The padded rows hold the widest row's tracked pairs: about this many times the mean.
 DEVICE_PAD_FACTOR = 2.0

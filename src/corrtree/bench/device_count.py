@@ -14,7 +14,9 @@ sees every aten operation a step dispatches (``TorchDispatchMode``) and counts
   host tensor written into or read by a device operation), with their bytes; a pageable
   upload synchronizes, so it is priced as one, a queued one (``non_blocking=True`` from
   pinned memory) is not;
-- *work*: matrix-product flops by precision, gathered and scattered entries, and the
+- *work*: matrix-product flops by precision, gathered entries (an indexed write of
+  distinct places counts as one), scattered entries (accumulated: ``index_add_``,
+  ``scatter_add``, ``index_put_(accumulate=True)``), and the
   bytes every other operation reads and writes.
 
 :func:`modelled_seconds` prices counts with :data:`H200`, primitive rates measured on an
@@ -89,6 +91,9 @@ _METADATA = frozenset(
         "_local_scalar_dense", "resize_", "set_", "is_nonzero", "sym_size", "sym_stride",
         "view_as_real", "view_as_complex", "_nested_tensor_from_mask", "unfold",
         "expand_as", "movedim", "squeeze_", "unsqueeze_", "t_", "transpose_",
+        # a Python number wrapped for an operation (``torch.where(m, x, 0.0)``): a host
+        # 0-dim tensor that a CUDA kernel reads as an argument, not a launch
+        "scalar_tensor",
     }
 )  # fmt: skip
 _SYNC = frozenset(
@@ -105,6 +110,9 @@ _SCATTER = frozenset(
      "index_add", "index_add_", "scatter_reduce", "scatter_reduce_", "index_copy_",
      "index_copy", "masked_fill_"}
 )  # fmt: skip
+_ACCUMULATE = frozenset(
+    {"scatter_add", "scatter_add_", "index_add", "index_add_", "scatter_reduce", "scatter_reduce_"}
+)
 
 
 @dataclass
@@ -275,8 +283,16 @@ class OpCounter:
         elif name in _SCATTER:
             src = list(_tensors(args[2:] if len(args) > 2 else args[1:]))
             entries = float(max((t.numel() for t in src), default=0))
-            c.scatters += entries
-            c.work_s += entries / r["scatters_per_s"]
+            accumulated = name in _ACCUMULATE or (
+                name.startswith("index_put")
+                and bool(kwargs.get("accumulate", args[3:4] == (True,)))
+            )
+            if accumulated:  # a deterministic accumulation: the measured index_add_ rate
+                c.scatters += entries
+                c.work_s += entries / r["scatters_per_s"]
+            else:  # each place written once: an indexed access, at the gathers' rate
+                c.gathers += entries
+                c.work_s += entries / r["gathers_per_s"]
         else:
             c.bytes += moved
             c.work_s += moved / r["bytes_per_s"]
@@ -488,17 +504,20 @@ def _whole(steps: list[Counts], iters: int) -> tuple[float, bool]:
     return sum(per) + max(0, rest) * float(np.median(per[-5:])), rest > 0
 
 
-def nothing_due(c: Counts) -> bool:
-    """Whether a counted step of a device band trainer visited no neuron: it listed none
-    (the due neurons are listed by ``nonzero`` only when there are some)."""
-    return c.ops.get("nonzero", 0) == 0
+def nothing_due(hist: Any) -> list[bool]:
+    """Which steps of a counted run of a device band trainer visited nothing: evaluated
+    no pair and re-anchored no neuron (the kernel trainer with no neuron due; the lazy
+    trainer evaluates every tracked pair every step, so never)."""
+    return [v == 0 and r == 0 for v, r in zip(hist.evaluated_pairs, hist.reanchored, strict=True)]
 
 
-def _targets(steps: list[Counts]) -> dict[str, Any]:
+def _targets(steps: list[Counts], idle: list[bool]) -> dict[str, Any]:
+    """The worst counts of the first three steps, the later ones and the later ones that
+    visited nothing (``idle``, by step), against :data:`STEP_TARGETS`."""
     later = steps[3:]
-    idle = [c for c in later if nothing_due(c)]
+    quiet = [c for c, q in zip(later, idle[3:], strict=True) if q]
     out: dict[str, Any] = {}
-    for key, group in (("first_three", steps[:3]), ("later", later), ("nothing_due", idle)):
+    for key, group in (("first_three", steps[:3]), ("later", later), ("nothing_due", quiet)):
         if not group:
             continue
         worst = {"syncs": max(c.syncs for c in group), "launches": max(c.launches for c in group)}
@@ -570,7 +589,9 @@ def run_count(
                 "counted_wall_s": got["wall_s"],
                 "steps": [c.as_dict() | {"modelled_s": modelled_seconds(c)} for c in got["steps"]],
                 "moved_neurons": list(hist.moved_neurons),
-                "targets": _targets(got["steps"]) if method != "dense" else None,
+                "targets": (
+                    _targets(got["steps"], nothing_due(hist)) if method != "dense" else None
+                ),
                 "counted_on": time.strftime("%Y-%m-%d"),
             }
         results[name] = case

@@ -8,20 +8,28 @@ with a coefficient.  ``W(t) = W(0) - C(t) X``; per step, for all neurons at once
 
 - ``C += η/sqrt(m) · F ∘ (a_r · err_j)`` on the tracked pairs;
 - the exact values by the Gram identity from the anchor,
-  ``V = U(t_a) - (C - C(t_a)) · G[J, J]`` (a batched gather of ``G = X Xᵀ``, resident);
-- the neuron's movement since its anchor ``D_r = sqrt(ΔCᵀ G[J, J] ΔC)``, with a margin
-  for its rounding; an untracked pair had ``U < b - β`` at the anchor and moves at most
-  ``D_r·||x_j||``, so while ``D_r·R < β`` it cannot fire.  A neuron past that is
-  re-anchored now: its exact row ``w_r(t)·Xᵀ`` (a GEMM) gives its new pairs;
-- the outputs ``u_j = Σ a_r (V - b)`` over the firing pairs, sorted by point once per
-  anchoring and summed in that fixed order (no atomic accumulation).
+  ``V = U(t_a) - (C - C(t_a))·G`` at the tracked places, by one GEMM of the
+  coefficient changes spread over the points (``2·(n+1)²`` flops a row; where
+  ``d < (n+1)/2`` by the move ``ΔW = ΔC·X`` and ``ΔW·Xᵀ``, ``4·(n+1)·d``);
+- the neuron's movement since its anchor ``D_r = sqrt(ΔCᵀ G ΔC)`` (or ``||ΔW||``),
+  with a margin for its rounding; an untracked pair had ``U < b - β`` at the anchor
+  and moves at most ``D_r·||x_j||``, so while ``D_r·R < β`` it cannot fire.  A neuron
+  past that is re-anchored now: its exact row ``w_r(t)·Xᵀ`` (a GEMM) gives its new
+  pairs, in a batch sized from the last steps' re-anchorings (:func:`capacity`);
+- the outputs ``u_j = Σ a_r (V - b)`` over the firing pairs, the rows' contributions
+  spread over the points and multiplied by the output weights (one GEMM: a fixed
+  order, no atomic accumulation).
 
-Per step O(m·Q²) gathered multiply-adds (no ``d``, no ``n``) plus the re-anchored
-rows' GEMMs, against dense's O(m·n·d).  Unlike the CPU lazy trainer it evaluates every
-tracked pair every step (a due mask of all ones): on a device the regular batched form
-costs less than the bookkeeping of keys.  float64 throughout; the CPU dense trajectory
-to rounding (a product within rounding of ``b`` can be classified differently, as
-between any two exact methods).
+Every shape in a step is fixed by the run's sizes and the batch's capacity, and the
+step ends with one transfer (the History row's counts and ``u(t+1)``): no other host
+synchronization (``tests/test_device_count.py`` counts them).  Rows that outgrow the
+batch or the tracked width are re-anchored in one more pass after it.  Per step
+O(m·(n+1)·min(n+1, 2d)) GEMM flops plus the re-anchored rows' GEMMs, against dense's
+O(m·n·d): on a GPU the matrix products cost less than the gathers of the Gram identity
+(one gathered entry about 1 600 float64 flops on an H200).  Unlike the CPU lazy trainer
+it evaluates every tracked pair every step (a due mask of all ones).  float64
+throughout; the CPU dense trajectory to rounding (a product within rounding of ``b``
+can be classified differently, as between any two exact methods).
 """
 
 from __future__ import annotations
@@ -46,6 +54,9 @@ __all__ = ["DeviceLazyTrainer"]
 _EPS = 2.0**-52
 #: Share of the device's free memory the batched gathers of a chunk of neurons may take.
 _CHUNK_SHARE = 0.1
+#: A tracked width that grows grows by this fraction more (1/_SLACK), so that the rows
+#: that outgrow it do so seldom: a step that widens pays a second pass.
+_SLACK = 4
 
 
 #: The state every tracked-pair trainer of the array path keeps: each row's tracked points
@@ -88,15 +99,43 @@ def padded_sums(torch, vals, counts):
     return out.sum(dim=1)
 
 
+def compact(torch, mask, cap: int):
+    """The rows ``mask`` marks, in increasing order, then the unmarked ones, the first
+    ``cap`` of them, and which of those are marked: ``(rows, live)``, both ``(cap,)``.
+    Fixed shapes (prefix sums and one scatter, no host synchronization): a batch of
+    ``cap`` distinct rows whose ``live`` ones are the marked rows, all of them when
+    ``cap`` is at least their number."""
+    m = mask.numel()
+    every = torch.arange(m, device=mask.device)
+    on = torch.cumsum(mask, dim=0)
+    total = on[-1:]
+    place = torch.where(mask, on - 1, total + every - on)  # marked first, then the rest
+    order = torch.empty_like(every).scatter_(0, place, every)[:cap]
+    return order, torch.arange(order.numel(), device=mask.device) < total
+
+
+def capacity(count: int, m: int) -> int:
+    """The batch size of ``count`` rows among ``m``: 0, or ``count`` (at least 64) rounded
+    up to an eighth of the next power of two, at most ``m``: at most a quarter of a
+    batch is padding, and the batch sizes are a bounded set (four an octave), so that a
+    step repeats its shapes and can be captured where a device profile says it pays."""
+    if count <= 0:
+        return 0
+    c = max(64, int(count))
+    quantum = 1 << max((c - 1).bit_length() - 3, 0)
+    return int(min(m, -(-c // quantum) * quantum))
+
+
 def _uploaded(torch: Any, W: np.ndarray, dev: Any) -> Any:
     """``W`` (read only, float64) on ``dev`` without a copy on the host: a view of its
-    memory uploaded in one transfer (on ``cpu``, the view itself: the trainers only read
-    ``W(0)``).  A non-contiguous or non-float64 ``W`` is converted first."""
+    memory uploaded in one transfer (on ``cpu``, ``to`` gives the view itself: the
+    trainers only read ``W(0)``).  A non-contiguous or non-float64 ``W`` is converted
+    first."""
     host = np.ascontiguousarray(W, dtype=np.float64)
     with warnings.catch_warnings():  # torch warns of views of read-only arrays; none is written
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         view = torch.from_numpy(host)
-    return view if dev.type == "cpu" else view.to(dev)
+    return view.to(dev)
 
 
 class DeviceBand(Trainer):
@@ -165,9 +204,10 @@ class DeviceBand(Trainer):
         self.info.update(band=band, device=str(dev))
         self.u = None
         self._flips_next = 0  # flips between W(t) and W(t+1), the next row's
-        self._sorted = None
         self._f64 = torch.float64
         self._staging: Any = None  # the host's error, pinned on a GPU (_upload)
+        # values by the Gram matrix (2·(n+1)² flops a row) or by the move (4·(n+1)·d)
+        self._by_gram = n + 1 <= 2 * d
 
     def _empty_rows(self, W0, device: Any, band: float | None):
         """The run's tensors with every row empty (one pad place), before the first
@@ -192,61 +232,90 @@ class DeviceBand(Trainer):
 
     # -- anchoring ---------------------------------------------------------------------
     def _chunk(self, Q: int, extra: float = 0.0) -> int:
-        """Rows per chunk of the batched gathers (``extra`` bytes a row on top)."""
-        per = 8.0 * (3 * Q * Q + self.n + self.X.shape[1] * Q) + extra
+        """Rows per chunk of the batched products (``extra`` bytes a row on top): a row's
+        tracked places and its rows over the points (:meth:`_gemm_values`, the
+        anchoring's exact row)."""
+        n, d = self.n, self.X.shape[1]
+        per = 8.0 * (6 * Q + 4 * (n + 1) + d) + extra
         return int(max(1, min(self.m, _CHUNK_SHARE * free_bytes(self.device) // per)))
 
     def _anchor(self, rows, coef, keep=None):
         """Exact rows of ``rows`` now (GEMM) from their coefficients ``coef`` (at their
         tracked points), and their new tracked pairs: every point within ``β`` of ``b``
         or above, every pair with a coefficient, and the pairs ``keep`` marks (at the old
-        points).  Returns the coefficients at the new points.  O(k·n·d)."""
-        torch = self.torch
-        n = self.n
+        points).  The tracked width grows to the widest row (one read of it).  Returns
+        the coefficients at the new points.  O(k·n·d)."""
         if rows.numel() == 0:
             return coef
         step = self._chunk(self.J.shape[1])
         picked = []
         for s in range(0, rows.numel(), step):
             part, C = rows[s : s + step], coef[s : s + step]
-            Jold = self.J[part, : C.shape[1]]  # beyond: pads
-            Cd = self._by_point(Jold, C)
-            U = self._current_rows(part, Cd) @ self.Xp[:n].T
-            kept = (U >= self.b - self.beta[part][:, None]) | (Cd[:, :n] != 0)
-            if keep is not None:
-                kept |= self._by_point(Jold, keep[s : s + step])[:, :n]
-            picked.append((part, U, Cd, kept))
-        width = max(int(k.sum(dim=1).max()) for _, _, _, k in picked)
+            ks = None if keep is None else keep[s : s + step]
+            picked.append((part, *self._anchor_pick(part, C, ks)))
+        width = max(int(k.sum(dim=1).max()) for *_, k in picked)
         if width > self.J.shape[1]:
-            self._widen(width)
-        Q = self.J.shape[1]
-        out = []
-        for part, U, Cd, kept in picked:
-            # the kept points in increasing order, then the pad: each kept point goes
-            # to its rank among the row's kept points (a prefix sum, no sort)
-            place = torch.where(kept, torch.cumsum(kept, dim=1) - 1, Q)
-            J = torch.full((part.numel(), Q + 1), n, dtype=torch.int64, device=self.device)
-            points = torch.arange(n, device=self.device).expand(part.numel(), n)
-            J.scatter_(1, place, points)
-            J = J[:, :Q]
-            Upad = torch.cat((U, torch.zeros_like(U[:, :1])), dim=1)
-            self.J[part] = J
-            self.uref[part] = torch.gather(Upad, 1, J)
-            C = torch.gather(Cd, 1, J)
-            self.cref[part] = C
-            out.append(C)
-        self._sorted = None  # the outputs' order changes with J
-        return torch.cat(out)
+            self._widen(width + width // _SLACK)
+        return self.torch.cat([self._anchor_write(*p)[0] for p in picked])
+
+    def _anchor_pick(self, part, C, keep=None, J=None, beta=None):
+        """What :meth:`_anchor` keeps of rows ``part`` (their places ``J`` and band
+        half-widths ``beta``, read when not given): their products with every point now
+        ``U`` ``(k, n)``, their coefficients by point ``Cd`` and the points kept."""
+        n = self.n
+        Jold = self.J[part, : C.shape[1]] if J is None else J  # beyond: pads
+        beta = self.beta[part] if beta is None else beta
+        Cd = self._by_point(Jold, C)
+        U = self._current_rows(part, Cd) @ self.Xp[:n].T
+        kept = (U >= self.b - beta[:, None]) | (Cd[:, :n] != 0)
+        if keep is not None:
+            kept |= self._by_point(Jold, keep)[:, :n]
+        return U, Cd, kept
+
+    def _anchor_places(self, U, Cd, kept):
+        """The places of rows anchored at what :meth:`_anchor_pick` kept, at the present
+        width: the kept points in increasing order, then the pad (each kept point at its
+        rank among the row's kept points: a prefix sum, no sort), and the products and
+        coefficients there: ``(J, uref, cref)``.  A row keeping more points than the
+        width holds is cut short (its caller does not use it)."""
+        torch = self.torch
+        n, Q = self.n, self.J.shape[1]
+        rank = torch.cumsum(kept, dim=1) - 1
+        place = torch.where(kept & (rank < Q), rank, Q)
+        J = torch.full((U.shape[0], Q + 1), n, dtype=torch.int64, device=self.device)
+        points = torch.arange(n, device=self.device).expand(U.shape[0], n)
+        J = J.scatter_(1, place, points)[:, :Q]
+        Upad = torch.cat((U, torch.zeros_like(U[:, :1])), dim=1)
+        return J, torch.gather(Upad, 1, J), torch.gather(Cd, 1, J)
+
+    def _anchor_write(self, part, U, Cd, kept, live=None):
+        """Rows ``part`` anchored at what :meth:`_anchor_pick` kept
+        (:meth:`_anchor_places`; a row keeping more points than the width holds must not
+        be written: ``live`` marks the rows written, all when ``None``).  Returns the
+        coefficients and the products at the new points (the old ones where not
+        written): right after its anchoring a row's values are its products."""
+        torch = self.torch
+        J, uref, C = self._anchor_places(U, Cd, kept)
+        cref = C
+        if live is not None:  # the rows not written keep their places and coefficients
+            w, old = live[:, None], self.J[part]
+            J, uref = torch.where(w, J, old), torch.where(w, uref, self.uref[part])
+            C, cref = (
+                torch.where(w, C, torch.gather(Cd, 1, old)),
+                torch.where(w, C, self.cref[part]),
+            )
+        self.J[part], self.uref[part], self.cref[part] = J, uref, cref
+        return C, uref
 
     def _by_point(self, J, vals):
         """``vals`` at the tracked points ``J`` spread over the ``n + 1`` points (the pad
-        point ``n`` last, always 0): ``(k, n + 1)``."""
+        point ``n`` last): ``(k, n + 1)``.  Every padded array holds 0 (or False) at its
+        pads (the keys, inf, are never spread), so the pad point's column is 0 too."""
         flag = vals.dtype == self.torch.bool  # scattered as bytes: every backend has those
         if flag:
             vals = vals.to(self.torch.uint8)
         dense = self.torch.zeros((J.shape[0], self.n + 1), dtype=vals.dtype, device=self.device)
         dense.scatter_(1, J, vals)
-        dense[:, self.n] = 0
         return dense.bool() if flag else dense
 
     def _current_rows(self, idx, Cd):
@@ -296,39 +365,52 @@ class DeviceBand(Trainer):
         P = dCp.shape[1]
         return self.torch.sqrt(self.torch.clamp(D2, min=0.0) + 4.0 * (P + 2) * _EPS * absq)
 
-    def _gram(self, idx, C):
-        """Values ``V`` of rows ``idx`` (coefficients ``C``) by the Gram identity from
-        their anchors, and their distance from the anchor with its rounding margin,
-        ``D >= ||w_r(t) - w_r(t_a)||``.  O(k·P·Q) gathers, ``P`` the most moved
-        coefficients in a row."""
-        torch = self.torch
-        uref = self.uref[idx, : C.shape[1]]
-        Jp, dCp = self._moved(idx, C)
-        if Jp.shape[1] == 0:
-            return uref.clone(), torch.zeros(idx.numel(), dtype=self._f64, device=self.device)
-        J = self.J[idx, : C.shape[1]]
-        Gs = self.Gp[Jp[:, :, None], J[:, None, :]]  # (rows, P, Q)
-        GdC = torch.bmm(dCp[:, None, :], Gs)[:, 0, :]
-        D2 = (C - self.cref[idx, : C.shape[1]]).mul(GdC).sum(dim=1)
-        return uref - GdC, self._distance_of(D2, dCp)
+    def _gemm_values(self, J, C, cref, uref):
+        """Values ``V`` of rows at places ``J`` (coefficients ``C``, anchored ones
+        ``cref`` and products ``uref`` there) from their anchors, and their distance
+        from the anchor with its rounding margin, ``D >= ||w_r(t) - w_r(t_a)||``, by
+        matrix products of the coefficient changes by point
+        ``ΔC`` ``(k, n + 1)``: ``V = U(t_a) - ΔC·G`` at the places, ``D² = ΔCᵀGΔC``
+        (``2·k·(n+1)²`` flops), or where ``d < (n+1)/2`` by the move ``ΔW = ΔC·X``, then
+        ``ΔW·Xᵀ`` (``4·k·(n+1)·d``).  Fixed shapes whatever the rows' moves; either
+        order of the same sums is the Gram identity to its rounding."""
+        dC = C - cref
+        dCd = self._by_point(J, dC)
+        if self._by_gram:
+            T = dCd @ self.Gp  # the pad point's row and column are 0
+            D = self._distance_of((dCd * T).sum(dim=1), dCd)
+        else:
+            dW = dCd @ self.Xp
+            T = dW @ self.Xp.T
+            D = self._distance_by_move(dW, dC.abs().sum(dim=1))
+        return uref - self.torch.gather(T, 1, J), D
 
-    def _expired(self, idx, D):
-        """Whether the band of rows ``idx`` may be exceeded at distance ``D``."""
-        return D * self.R * (1.0 + 1e-12) + 1e-300 >= self.beta[idx]
+    def _distance_by_move(self, dW, l1):
+        """``D >= ||w_r(t) - w_r(t_a)||`` from the computed move ``dW``: each of its
+        entries errs by at most ``γ_{n+1}·Σ_p |ΔC_p||x_pt|``, so the vector by
+        ``γ_{n+1}·Σ|ΔC|·R``, and its norm by ``γ_d`` relative."""
+        d = dW.shape[1]
+        norm = self.torch.sqrt((dW * dW).sum(dim=1))
+        return norm * (1.0 + 4.0 * (d + 2) * _EPS) + 4.0 * (self.n + 3) * _EPS * l1 * self.R
+
+    def _expired(self, beta, D):
+        """Whether a band of half-width ``beta`` may be exceeded at distance ``D``."""
+        return D * self.R * (1.0 + 1e-12) + 1e-300 >= beta
 
     def _outputs(self):
-        """``u`` from the firing pairs, summed point by point in a fixed order."""
+        """``u`` from the firing pairs: each chunk of rows' contributions by point, then
+        one GEMM with the output weights ``(n + 1, k)·(k, K)``; chunks added in order.
+        Fixed shapes, no atomic accumulation: the same sums in the same order every
+        time."""
         torch = self.torch
-        if self._sorted is None:
-            flat = self.J.reshape(-1)
-            order = torch.argsort(flat, stable=True)
-            counts = torch.bincount(flat, minlength=self.n + 1)
-            self._sorted = (order, counts)
-        order, counts = self._sorted
         K = self.At.shape[1]
-        contrib = torch.where(self.F, self.V - self.b, 0.0)[:, :, None] * self.At[:, None, :]
-        vals = contrib.reshape(-1, K)[order]
-        return segment_sums(torch, vals, counts)[: self.n] * self.scale * self.alpha
+        u = torch.zeros((self.n, K), dtype=self._f64, device=self.device)
+        step = self._chunk(self.J.shape[1])
+        for s in range(0, self.m, step):
+            rows = slice(s, min(s + step, self.m))
+            contrib = torch.where(self.F[rows], self.V[rows] - self.b, 0.0)
+            u += self._by_point(self.J[rows], contrib)[:, : self.n].T @ self.At[rows]
+        return u * self.scale * self.alpha
 
     # -- the trainer's interface ----------------------------------------------------------
     def initial_fire_sets(self) -> tuple[np.ndarray, np.ndarray]:
@@ -399,13 +481,20 @@ class DeviceLazyTrainer(DeviceBand):
 
     name = "lazy"
     SCHEMA = Schema(
-        1,
+        2,
         (
             *ANCHOR_FIELDS,
             Field("C", ("f8",), ("m", "Q")),
             Field("beta", ("f8",), ("m",)),
         ),
-        (Scalar("band", float, 0.0), Scalar("flips_next", int, 0)),
+        (
+            Scalar("band", float, 0.0),
+            Scalar("flips_next", int, 0),
+            # the rows re-anchored in the last two steps: the next batch's size, so that a
+            # resumed run batches (and rounds) as the uninterrupted one
+            Scalar("reanchored_before", int, 0, "m"),
+            Scalar("reanchored", int, 0, "m"),
+        ),
     )
     PADDED = ("uref", "cref", "C", "V")
 
@@ -413,68 +502,63 @@ class DeviceLazyTrainer(DeviceBand):
         self.V = None
         rows = self._empty_rows(W0, device, band)
         self.C = self._anchor(rows, self.torch.zeros_like(self.uref))
-        self._values()
+        self._evaluate()  # at W(0) every row is at its anchor: none expired
+        # the rows re-anchored in the last steps: the next step's batch (capacity)
+        self._recent = [self.m, self.m]
 
     def _coef(self, idx):
         return self.C[idx]
 
-    def _values(self, before=None):
-        """``V``, ``F`` from the anchors; the neurons whose certificate expired are
-        re-anchored (then evaluated again).  Returns them, with their tracked points
-        and their firing flags ``before`` (the flags before the step)."""
-        again = self._evaluate()
-        old = None
-        if again.numel() and before is not None:
-            old = (self.J[again].clone(), before[again])
-        if again.numel():
-            self.C[again] = self._anchor(again, self.C[again])
-            self._evaluate(again)
-        return again, old
-
-    def _evaluate(self, rows=None):
-        """``V`` (and ``F``) of ``rows`` (all: ``None``) by the Gram identity from their
-        anchors; for all rows, returns those whose certificate expired."""
+    def _evaluate(self):
+        """``V``, ``F`` of every row from its anchor (:meth:`_gemm_values`, by chunks);
+        returns the mask of the rows whose certificate expired."""
         torch = self.torch
         m, Q = self.J.shape
         if self.V is None or self.V.shape != (m, Q):
             self.V = torch.zeros((m, Q), dtype=self._f64, device=self.device)
-        expired = []
+        expired = torch.zeros(m, dtype=torch.bool, device=self.device)
         step = self._chunk(Q)
-        total = m if rows is None else rows.numel()
-        for s in range(0, total, step):
-            if rows is None:
-                idx = torch.arange(s, min(s + step, total), device=self.device)
-            else:
-                idx = rows[s : s + step]
-            V, D = self._gram(idx, self.C[idx])
-            self.V[idx] = V
-            if rows is None:
-                expired.append(idx[self._expired(idx, D)])
+        for s in range(0, m, step):
+            rows = slice(s, min(s + step, m))
+            self.V[rows], D = self._gemm_values(
+                self.J[rows], self.C[rows], self.cref[rows], self.uref[rows]
+            )
+            expired[rows] = self._expired(self.beta[rows], D)
         self.F = (self.V >= self.b) & (self.J < self.n)
-        if rows is None:
-            none = torch.zeros(0, dtype=torch.int64, device=self.device)
-            return torch.cat([none, *expired])
-        return None
+        return expired
 
-    def _flips(self, before, again, old) -> int:
-        """Pairs whose firing changed: by place where the tracked points stayed, by
-        point on the re-anchored rows."""
+    def _reanchor(self, rows, live, before):
+        """Re-anchor the rows of ``rows`` that ``live`` marks and whose new pairs fit the
+        present width (:meth:`_anchor_pick`, :meth:`_anchor_write`), by chunks; right
+        after its anchoring a row's values are its products.  Returns the mask of those
+        written (over ``rows``), their flips against the flags ``before`` compared by
+        point, and the widest new row of those that did not fit (device scalars)."""
         torch = self.torch
-        Q = self.F.shape[1]
-        if before.shape[1] < Q:
-            before = torch.cat((before, before.new_zeros((self.m, Q - before.shape[1]))), dim=1)
-        changed = self.F != before
-        if again.numel() == 0:
-            return int(changed.sum())
-        same = torch.ones(self.m, dtype=torch.bool, device=self.device)
-        same[again] = False
-        flips = int(changed[same].sum())
-        k = again.numel()
-        was = torch.zeros((k, self.n + 1), dtype=torch.bool, device=self.device)
-        was.scatter_(1, old[0], old[1])
-        now = torch.zeros_like(was)
-        now.scatter_(1, self.J[again], self.F[again])
-        return flips + int((was[:, : self.n] != now[:, : self.n]).sum())
+        n, Q = self.n, self.J.shape[1]
+        written, flips, need = [], [], []
+        step = self._chunk(Q)
+        for s in range(0, rows.numel(), step):
+            part, want = rows[s : s + step], live[s : s + step]
+            oldJ, was = self.J[part], before[part]
+            U, Cd, kept = self._anchor_pick(part, self.C[part])
+            width = kept.sum(dim=1)
+            ok = want & (width <= Q)
+            need.append(torch.where(ok, 0, width).max())
+            self.C[part], uref = self._anchor_write(part, U, Cd, kept, ok)
+            self.V[part] = torch.where(ok[:, None], uref, self.V[part])
+            # a written row fires where its product is at least b (each such point kept)
+            changed = self._by_point(oldJ, was)[:, :n] != (U >= self.b)
+            flips.append((changed & ok[:, None]).sum())
+            written.append(ok)
+        if len(written) == 1:
+            return written[0], flips[0], need[0]
+        return torch.cat(written), sum(flips), torch.stack(need).max()
+
+    def _padded(self, flags):
+        Q = self.J.shape[1]
+        if flags.shape[1] == Q:
+            return flags
+        return self.torch.cat((flags, flags.new_zeros((self.m, Q - flags.shape[1]))), dim=1)
 
     def outputs(self) -> np.ndarray:
         if self.u is None:
@@ -482,29 +566,64 @@ class DeviceLazyTrainer(DeviceBand):
         return self.u
 
     def advance(self, err: np.ndarray, step: LinearStep | None = None) -> dict[str, Any]:
+        """One step in fixed shapes: the coefficients, every row's values by GEMM, the
+        expired rows re-anchored in a batch sized from the last steps (:func:`capacity`),
+        the outputs by GEMM, and one transfer carrying the History row and ``u(t+1)``.
+        Expired rows that outgrow the batch or the tracked width are re-anchored in one
+        more pass (the width grown with :data:`_SLACK` to spare), one more transfer each."""
         torch = self.torch
         self._refuse_linear(step)
+        n, m, K, f64 = self.n, self.m, self.At.shape[1], self._f64
         before = self.F
         with self.timer("backward"):
-            E = torch.from_numpy(np.ascontiguousarray(err, dtype=np.float64)).to(self.device)
-            Ep = torch.cat((E, torch.zeros_like(E[:1])), dim=0)
+            Ep = torch.zeros((n + 1, K), dtype=f64, device=self.device)
+            self._upload(err, Ep[:n])
             g = (Ep[self.J] * self.At[:, None, :]).sum(dim=2)
             self.C += self.eta_s * torch.where(self.F, g, 0.0)
         with self.timer("query"):
-            fired = int(before.sum())  # the History row describes W(t), before the step
-            moved = int(before.any(dim=1).sum())
-            tracked = int((self.J < self.n).sum())
-            again, old = self._values(before)
-        with self.timer("forward"):
-            self.u = self._outputs().cpu().numpy()
-            flips, self._flips_next = self._flips_next, self._flips(before, again, old)
+            # the History row describes W(t), before the step
+            stats = (before.sum(), before.any(dim=1).sum(), (self.J < n).sum())
+            expired = self._evaluate()
+            done = torch.zeros(m, dtype=torch.bool, device=self.device)
+            batch, need, first = 0, 0, True
+            # twice the last steps' re-anchored rows, 64 at the least (capacity): a step
+            # that re-anchors after quiet ones needs no second pass
+            cap = capacity(max(1, 2 * max(self._recent)), m)
+            while True:
+                todo = expired if first else expired & ~done
+                if cap:
+                    rows, live = compact(torch, todo, cap)
+                    written, flips, need = self._reanchor(rows, live, self._padded(before))
+                    if first:
+                        done[rows] = written  # nothing was done before
+                    else:
+                        done[rows] |= written
+                    batch = batch + flips
+                self.F = (self.V >= self.b) & (self.J < n)
+                same = ((self.F != self._padded(before)) & ~done[:, None]).sum()
+                left = (todo & ~done).sum()
+                if not torch.is_tensor(need):  # no batch: nothing outgrew the width
+                    need = torch.zeros_like(left)
+                counts = torch.stack((*stats, batch + same, expired.sum(), left, need))
+                u = self._outputs().reshape(-1)
+                head = torch.cat((counts.to(f64), u)).cpu().numpy()  # one transfer
+                nflips, again, left, width = (int(v) for v in head[3:7])
+                if not left:
+                    break
+                first = False
+                if width > self.J.shape[1]:
+                    self._widen(width + width // _SLACK)
+                cap = capacity(left, m)
+        self.u = np.array(head[7:].reshape(n, K))
+        self._recent = [self._recent[-1], again]
+        flips_row, self._flips_next = self._flips_next, nflips
         return self._row(
-            fired,
-            moved,
-            flips,
-            band_pairs=tracked,
-            reanchored=int(again.numel()),
-            evaluated_pairs=tracked,
+            int(head[0]),
+            int(head[1]),
+            flips_row,
+            band_pairs=int(head[2]),
+            reanchored=again,
+            evaluated_pairs=int(head[2]),
         )
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -515,7 +634,9 @@ class DeviceLazyTrainer(DeviceBand):
             "C": self.C.cpu().numpy(),
             "beta": self.beta.cpu().numpy(),
         }
-        return arrays, {"band": self.band, "flips_next": self._flips_next}
+        before, last = self._recent
+        scalars = {"band": self.band, "flips_next": self._flips_next}
+        return arrays, scalars | {"reanchored_before": before, "reanchored": last}
 
     def _restore(self, W0, arrays, scalars, sizes) -> None:
         import torch
@@ -529,4 +650,5 @@ class DeviceLazyTrainer(DeviceBand):
         self._flips_next = int(scalars["flips_next"])
         self.V = None
         # the values from the anchors; every certificate held when the state was saved
-        self._evaluate(torch.arange(self.m, device=self.device))
+        self._evaluate()
+        self._recent = [int(scalars["reanchored_before"]), int(scalars["reanchored"])]

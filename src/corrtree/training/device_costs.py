@@ -9,14 +9,20 @@ pass and the time of one launched operation, about 0.1 s), and each method's run
 modelled as set-up plus ``iters`` steps:
 
 - dense: two GEMMs of ``m·n·d`` a step;
-- lazy: the Gram gathers of every tracked pair, ``m·P·Q`` a step (``P`` fired and ``Q``
-  tracked points a neuron);
+- lazy: every row's values by GEMM a step, ``min(2·(n+1)², 4·(n+1)·d)`` flops a row
+  (:meth:`.device_band.DeviceBand._gemm_values`), and the coefficients' ``m·Q·K``
+  gathers (``Q`` tracked points a neuron);
 - kernel: the set-up GEMM and the count GEMM ``m·(nK)²``; a step streams ``H``
-  (``(nK)²``) and the clocks (``m·Q·K`` gathers), writes ``Q·K²`` entries of ``N`` and
-  ``H`` a flip (the CPU model's flips, :func:`.costs.expected_flips`), and visits a
-  share of the neurons (all in the first steps, then a share that grows with the data's
-  coherence and the fired points, as the CPU kernel trainer measured) at ``m·P·Q``
-  gathers for all.
+  (``(nK)²``) and the clocks (``m·Q·K`` gathers) and visits a share of the neurons (all
+  in the first steps, then a share that grows with the data's coherence and the fired
+  points, as the CPU kernel trainer measured), each by GEMM as lazy's rows; its flips
+  change ``N`` by float32 GEMMs of the flipped rows (``4·(nK)²`` flops a row) or write
+  ``Q·K²`` entries of ``N`` and ``H`` a flip (the CPU model's flips,
+  :func:`.costs.expected_flips`), whichever costs less.
+
+Launches are counted per step (:data:`~corrtree._config.DEVICE_LAZY_OPS`, and for the
+kernel trainer :data:`~corrtree._config.DEVICE_KERNEL_OPS` a step and
+:data:`~corrtree._config.DEVICE_VISIT_OPS` a step with a visit, whatever it visits).
 
 Only the ratios matter for the choice; the modelled seconds go to ``History.info``.
 """
@@ -101,10 +107,10 @@ def estimate_device(
             2.0 * gemm + 4.0 * m * n / rates["stream"] + _config.DEVICE_DENSE_OPS * launch
         )
     pre = gemm + m * n / rates["stream"]
-    values = m * P * Q / rates["gather"]
+    values = m * min(2.0 * (n + 1) ** 2, 4.0 * (n + 1) * d) / rates["gemm"]
     if method == "lazy":
         return pre + iters * (
-            values + 2.0 * m * Q * K / rates["gather"] + _config.DEVICE_LAZY_OPS * launch
+            values + m * Q * K / rates["gather"] + _config.DEVICE_LAZY_OPS * launch
         )
     if method == "kernel":
         nK = n * K
@@ -115,11 +121,14 @@ def estimate_device(
         later = min(_config.DEVICE_VISIT_MAX, _config.DEVICE_VISIT_SLOPE * coh * P)
         visited = wave + (iters - wave) * later  # steps' worth of visits to every neuron
         # a flip adds to N and rewrites H at K² entries for each tracked point of its
-        # neuron (three gathers or scatters each)
+        # neuron (three gathers or scatters each), or its row joins the count GEMMs
         flips = expected_flips(m * P, coh, P)
-        step = nK * nK / rates["stream"] + (m * Q * K + 3.0 * flips * Q * K * K) / rates["gather"]
-        step += _config.DEVICE_KERNEL_OPS * launch
-        return pre + iters * step + visited * (values + _config.DEVICE_VISIT_OPS * launch)
+        counts = min(
+            3.0 * flips * Q * K * K / rates["gather"], 4.0 * flips * nK * nK / rates["gemm"]
+        )
+        step = nK * nK / rates["stream"] + m * Q * K / rates["gather"] + counts
+        step += (_config.DEVICE_KERNEL_OPS + _config.DEVICE_VISIT_OPS) * launch
+        return pre + iters * step + visited * values
     raise ValueError(f"no device cost model for method {method!r}")
 
 

@@ -13,17 +13,28 @@ so a step is one mat-vec, plus the work on the neurons whose pairs may cross:
   ``κ`` so that ``C`` is continuous.  A step adds ``err`` to ``E`` (O(nK)).
 - **A clock per neuron, a due mask.**  Each step adds to ``clock[r]`` a bound on
   ``||w_r(t+1) - w_r(t)||``: ``η/√m·min(σ_r·||e||, Σ_l |e_l|·||x_l||)``, ``e_l =
-  <a_r, err_l>`` over its fire set and ``σ_r² >= λ_max(G[S, S])`` (Gershgorin, from its
-  last visit).  A neuron is due when its clock reaches its *limit*: the least
-  ``(|V - b| - rounding)/||x_j||`` over its tracked pairs (``V`` their values at its last
+  <a_r, err_l>`` over its fire set and ``σ_r² >= λ_max(G[S, S])`` (Gershgorin, by
+  GEMM at its last visit, where fire sets are short; inf otherwise).  A neuron is due
+  when its clock reaches its *limit*: the least ``(|V - b| - rounding)/||x_j||`` over
+  its tracked pairs (``V`` their values at its last
   visit), and its band, ``β/R`` less its distance from its anchor.  Short of that no
   tracked pair crossed and no untracked pair fires.  The mask is recomputed each step
   (O(m·Q) for the clocks), no heap.
-- **A visit** (due neurons, batched): values by the Gram identity from the anchor
-  (:meth:`DeviceBand._gram`), re-anchoring by GEMM past the band, flips found by place,
-  ``u`` corrected by ``Σ (a_r/√m)(V - b)(F_new - F_old)`` (a stable sort by point, then
-  a segment reduction: no atomics), and the count matrix ``N = Σ_r (a_r a_rᵀ) ⊗ f_r f_rᵀ``
-  changed at the entries the flips touch, then ``H = N ∘ G / m`` recomputed there.
+- **A visit** (the due neurons in one batch of :func:`~.device_band.capacity` rows,
+  fixed shapes): values and distances by GEMM (:meth:`DeviceBand._gemm_values`),
+  re-anchoring past the band in a batch of the rows whose band key passed, flips found
+  by place, ``u`` corrected by ``Σ (a_r/√m)(V - b)(F_new - F_old)`` (the flips spread
+  over the points, one GEMM with the output weights: no atomics), and, once the
+  visit's counts are read, the count matrix ``N = Σ_r (a_r a_rᵀ) ⊗ f_r f_rᵀ`` changed by
+  float32 GEMMs of the flipped rows or at the entries the flips touch, whichever the
+  device's rates price lower, then ``H = N ∘ G / m`` recomputed there.
+
+A step is two transfers at most: the number due with the History row (and ``u(t+1)``
+if nothing is due), then the visit's counts with ``u(t+1)``.  Rows whose new pairs
+outgrow the tracked width are left as they were and visited again once it is widened
+(one more transfer), and fire sets that outgrow their lists are listed again; both
+grow with slack, so this is seldom.  The rows' state sits in two packs (places and scalars), so
+a visit reads and writes each once.
 
 ``N`` holds integers (exact in float64 whatever the order of its additions), so ``H``
 does not drift from the fire sets and a checkpoint rebuilds it bit for bit.  Per step
@@ -33,7 +44,7 @@ O((nK)² + m·Q + visits), no ``m·n·d``.  float64 throughout.
 from __future__ import annotations
 
 import time
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -43,10 +54,12 @@ from ._state import Field, Scalar, Schema
 from .device_band import (
     _CHUNK_SHARE,
     _EPS,
+    _SLACK,
     ANCHOR_FIELDS,
     DeviceBand,
+    capacity,
+    compact,
     marked_first,
-    segment_sums,
 )
 from .optim import LinearStep
 
@@ -76,10 +89,15 @@ class DeviceKernelTrainer(DeviceBand):
         ),
         (Scalar("band", float, 0.0), Scalar("flips_next", int, 0)),
     )
-    PADDED = ("uref", "cref", "kappa", "F", "key")
-    PAD_FILL: ClassVar[dict[str, float]] = {"key": np.inf}  # a pad is never due
+    #: the rows' state in two packs, so that a visit reads and writes each in one
+    #: operation: ``(m, 4, Q)`` places (:data:`PLACES`) and ``(m, 6)`` scalars
+    #: (:data:`SCALARS`), each name a view of its pack (:meth:`_pack`)
+    PLACES = ("uref", "cref", "kappa", "key")
+    SCALARS = ("beta", "sigma", "bandkey", "clock", "limit", "nfire")
     #: tensors made after the first anchoring, or per step (torch is optional)
     key: Any
+    rowsQ: Any
+    rowsS: Any
     Jf: Any
     XNf: Any
     u_dev: Any
@@ -88,30 +106,62 @@ class DeviceKernelTrainer(DeviceBand):
 
     @classmethod
     def _fixed_bytes(cls, n: int, K: int) -> float:
-        return 20.0 * (n * K) ** 2  # N, H, and a float32 count matrix while N is built
+        # N, H, a float32 count matrix while N is built, and |G|
+        return 20.0 * (n * K) ** 2 + 8.0 * (n + 1) ** 2
 
     def _prepare(self, W0: np.ndarray, device: Any = None, band: float | None = None) -> None:
         rows = self._empty_rows(W0, device, band)
         torch, m, n, K, f64 = self.torch, self.m, self.n, self.At.shape[1], self._f64
-        self.key = None  # made after the first anchoring
+        self.Gabs = self.Gp.abs()  # σ by GEMM (_sigma)
         self.kappa = torch.zeros_like(self.uref)
+        self.key = torch.full_like(self.uref, np.inf)
         self.F = torch.zeros((m, 1), dtype=torch.bool, device=self.device)
-        self.kappa = self._anchor(rows, self.kappa)  # W(0): every coefficient is 0
+        self.sigma = torch.full((m,), np.inf, dtype=f64, device=self.device)
+        self.bandkey, self.clock, self.limit, self.nfire = (
+            torch.zeros(m, dtype=f64, device=self.device) for _ in range(4)
+        )
+        self._pack()
+        kappa = self._anchor(rows, self.kappa)  # W(0): every coefficient is 0; widens
+        self.kappa.copy_(kappa)
         self.V = self.uref
         self.F = (self.V >= self.b) & (self.J < n)
         self.u_dev = self._outputs()
         self.V = None
         self.Ep = torch.zeros((n + 1, K), dtype=f64, device=self.device)
-        self.sigma = torch.full((m,), np.inf, dtype=f64, device=self.device)
-        self.Jf = None
-        self._fire_lists(rows, self.F)
-        self.clock = torch.zeros(m, dtype=f64, device=self.device)
-        self.limit = torch.zeros(m, dtype=f64, device=self.device)
-        allow = self._allow(rows, self.kappa)
-        self.key = self._keys(rows, self.uref, allow, self.clock)
-        self.bandkey = self._band_keys(rows, allow, self.clock)
-        self._set_limits(rows)
+        self._new_lists()
+        allow = self._allow(self.kappa, self.cref, self.uref)
+        self.key.copy_(self._keys(self.J, self.uref, allow, self.clock))
+        self.bandkey.copy_(self._band_keys(self.beta, allow, self.clock))
+        self._set_limits()
         self._counts()
+
+    def _pack(self) -> None:
+        """The rows' state into its two packs, each name a view of its pack."""
+        torch = self.torch
+        self.rowsQ = torch.stack([getattr(self, k) for k in self.PLACES], dim=1)
+        self.rowsS = torch.stack([getattr(self, k).to(self._f64) for k in self.SCALARS], dim=1)
+        self._views()
+
+    def _views(self) -> None:
+        for k, v in zip(self.PLACES, self.rowsQ.unbind(1), strict=True):
+            setattr(self, k, v)
+        for k, v in zip(self.SCALARS, self.rowsS.unbind(1), strict=True):
+            setattr(self, k, v)
+
+    def _widen(self, width: int) -> None:
+        """Every row's places widened to ``width`` (pads: the point ``n``, zeros, keys
+        inf: a pad is never due)."""
+        torch = self.torch
+        m, extra = self.m, width - self.J.shape[1]
+        pad = torch.full((m, extra), self.n, dtype=torch.int64, device=self.device)
+        self.J = torch.cat((self.J, pad), dim=1)
+        self.F = torch.cat(
+            (self.F, torch.zeros((m, extra), dtype=torch.bool, device=self.device)), 1
+        )
+        fill = torch.zeros((m, len(self.PLACES), extra), dtype=self._f64, device=self.device)
+        fill[:, self.PLACES.index("key")] = np.inf
+        self.rowsQ = torch.cat((self.rowsQ, fill), dim=2)
+        self._views()
 
     # -- N and H -----------------------------------------------------------------------
     def _counts(self) -> None:
@@ -120,31 +170,44 @@ class DeviceKernelTrainer(DeviceBand):
         nK = self.n * self.At.shape[1]
         self.N = torch.zeros((nK, nK), dtype=self._f64, device=self.device)
         self.H = torch.empty_like(self.N)
-        every = torch.arange(self.m, device=self.device)
-        self._add_counts(every, self.J, self.F, 1.0)
+        self._add_counts(self.J, self.F, self.At)
         self._rebuild_h()
-        self.nfire = self.F.sum(dim=1)
+        self.nfire.copy_(self.F.sum(dim=1))
 
-    def _add_counts(self, rows, J, F, sign: float) -> None:
-        """``N += sign·Σ_r (a_r a_rᵀ) ⊗ f_r f_rᵀ`` over ``rows`` (their fire flags ``F`` at
-        their tracked points ``J``): float32 GEMMs of 0/±1 rows, each partial sum an
-        integer below 2^24, so exact, and added to ``N`` exactly."""
+    def _add_counts(self, J, F, A, old=None) -> None:
+        """``N += Σ_r (a_r a_rᵀ) ⊗ f_r f_rᵀ`` over rows with output weights ``A`` (their
+        fire flags ``F`` at their tracked points ``J``), less the same of their flags
+        ``old`` when given (one GEMM of both: ``[M; M_old]ᵀ·[M; -M_old]``): float32 GEMMs
+        of 0/±1 rows, each partial sum an integer below 2^24, so exact, and added to
+        ``N`` exactly."""
         torch = self.torch
-        n, K = self.n, self.At.shape[1]
+        n, K = self.n, A.shape[1]
         nK = n * K
+        f32 = torch.float32
         step = max(1, min(_EXACT_F32 - 1, self._chunk(J.shape[1], 8.0 * (n + 1) * (K + 1))))
-        for s in range(0, rows.numel(), step):
-            part = rows[s : s + step]
-            Fd = self._by_point(J[s : s + step], F[s : s + step].to(torch.float32))
-            M = (Fd[:, :n, None] * self.At[part, None, :].to(torch.float32)).reshape(-1, nK)
-            self.N.add_(M.T @ M, alpha=sign)
+        if old is not None:
+            step = max(1, step // 2)
+        for s in range(0, J.shape[0], step):
+            a = A[s : s + step, None, :].to(f32)
+            M = self._by_point(J[s : s + step], F[s : s + step].to(f32))[:, :n, None] * a
+            M = M.reshape(-1, nK)
+            if old is None:
+                self.N.add_(M.T @ M)
+                continue
+            Mo = self._by_point(J[s : s + step], old[s : s + step].to(f32))[:, :n, None] * a
+            Mo = Mo.reshape(-1, nK)
+            self.N.add_(torch.cat((M, Mo)).T @ torch.cat((M, -Mo)))
 
     def _rebuild_h(self) -> None:
         """``H = N ∘ G / m`` everywhere (:meth:`_ntk_at`), by blocks of rows: the
-        temporaries stay a share of the device's memory."""
+        temporaries stay a share of the device's memory (with one output, one
+        expression over the whole matrix)."""
         torch = self.torch
         K = self.At.shape[1]
         nK = self.N.shape[0]
+        if K == 1:
+            self.H.copy_(self.N * self.Gp[: self.n, : self.n] / float(self.width))
+            return
         every = torch.arange(nK, device=self.device)
         block = max(1, int(_CHUNK_SHARE * free_bytes(self.device) // (24.0 * nK)))
         for s in range(0, nK, block):
@@ -157,31 +220,35 @@ class DeviceKernelTrainer(DeviceBand):
         matrix built anew."""
         return self.N[Ir, Jx] * g / float(self.width)
 
-    def _change_counts(self, rows, J, fo, fn, changed) -> None:
-        """Add ``f_new f_newᵀ - f_old f_oldᵀ`` (times ``a_r a_rᵀ``) of ``rows`` to ``N``
-        at the entries that change, and recompute ``H`` there; by groups of flips, each
-        flip ``2·Q·K²`` entries at most.  The additions are integers, so ``N`` is exact
-        whatever their order and grouping.
+    def _change_counts(self, J, fo, fn, changed, A, touched: int, entries: int) -> None:
+        """Add ``f_new f_newᵀ - f_old f_oldᵀ`` (times ``a_r a_rᵀ``) of visited rows (places
+        ``J``, output weights ``A``) to ``N`` at the entries that change, and recompute
+        ``H`` there; ``touched`` rows have a flip, ``entries`` is the number of entries
+        a scattered change adds (both read with the visit's counts, so priced exactly).
+        The additions are integers, so ``N`` is exact whatever their order and grouping.
 
-        Where the device's rates price it lower (many flips on long fire sets: image
-        patches), the changed rows' old fire sets are subtracted from ``N`` and their new
-        ones added by float32 GEMMs instead (:meth:`_add_counts`: ``4·k·(nK)²`` flops for
-        ``k`` rows), and ``H`` is rebuilt (:meth:`_rebuild_h`): the same integers in
-        ``N``, the same expression for ``H``."""
+        Two ways, priced with the device's rates: by float32 GEMMs of the touched rows
+        (a batch of :func:`capacity` rows), their old fire sets subtracted and their new
+        ones added (:meth:`_add_counts`: ``4·k·(nK)²`` flops, fixed shapes) and ``H``
+        rebuilt (:meth:`_rebuild_h`); or entry by entry, each flip ``2·Q·K²`` entries
+        (the flips listed: six host synchronizations a group), each way with its
+        launches."""
         torch = self.torch
         K = self.At.shape[1]
         nK = self.n * K
-        touched = changed.any(dim=1)
-        entries = changed.sum(dim=1) * (fn.sum(dim=1) + fo.sum(dim=1))
-        both = torch.stack((entries.sum() * K * K, touched.sum())).tolist()  # one transfer
-        scattered, k = (int(v) for v in both)
+        if not touched:
+            return
         rate = self._rates()
+        k = capacity(touched, J.shape[0])
         by_gemm = 4.0 * k * nK * nK / rate["flops32"] + 48.0 * nK * nK / rate["bytes"]
-        fits = 8.0 * nK * nK <= _CHUNK_SHARE * free_bytes(self.device)  # a float32 product
-        if fits and by_gemm < 2.0 * scattered / rate["scatters"]:  # N and H, entry by entry
-            t = touched.nonzero().reshape(-1)
-            self._add_counts(rows[t], J[t], fo[t], -1.0)
-            self._add_counts(rows[t], J[t], fn[t], 1.0)
+        by_gemm += 20 * rate["launch"]
+        scattered = 2.0 * entries / rate["scatters"]
+        scattered += 6 * rate["sync"] + 30 * rate["launch"]  # the flips listed, one group
+        fits = 8.0 * k * nK <= _CHUNK_SHARE * free_bytes(self.device)  # the rows' products
+        if fits and by_gemm <= scattered:
+            rows, live = compact(torch, changed.any(dim=1), k)
+            w = live[:, None]
+            self._add_counts(J[rows], fn[rows] & w, A[rows], old=fo[rows] & w)
             self._rebuild_h()
             return
         rl, q = torch.nonzero(changed, as_tuple=True)
@@ -200,9 +267,9 @@ class DeviceKernelTrainer(DeviceBand):
             j1, j2 = torch.cat((j1, j2[back])), torch.cat((j2, j1[back]))
             g = self.Gp[j1, j2]
             if K == 1:
-                vals, Ir, Jx = v * self.At[rows[r], 0] ** 2, j1, j2
+                vals, Ir, Jx = v * A[r, 0] ** 2, j1, j2
             else:
-                a = self.At[rows[r]]
+                a = A[r]
                 kk = torch.arange(K, device=self.device)
                 Ir = (j1[:, None, None] * K + kk[None, :, None]).expand(-1, K, K).reshape(-1)
                 Jx = (j2[:, None, None] * K + kk[None, None, :]).expand(-1, K, K).reshape(-1)
@@ -221,34 +288,36 @@ class DeviceKernelTrainer(DeviceBand):
         F = self.F[idx, :width]
         return self.kappa[idx, :width] + self.torch.where(F, self.eta_s * g, 0.0)
 
-    def _allow(self, idx, C):
-        """The rounding of two evaluations of a value of rows ``idx`` (coefficients
-        ``C``), by the Gram identity (``Q`` terms) or by the move (``n + 1`` terms, then
-        ``d``): a value within it of ``b`` may be on either side."""
-        Q = C.shape[1]
-        dC = (C - self.cref[idx, :Q]).abs().sum(dim=1)
-        uref = self.uref[idx, :Q].abs().amax(dim=1)
+    def _allow(self, C, cref, uref):
+        """The rounding of two evaluations of a value of rows with coefficients ``C``
+        (anchored ``cref`` and products ``uref`` at the same places), by the Gram
+        identity (``Q`` terms) or by the move (``n + 1`` terms, then ``d``): a value
+        within it of ``b`` may be on either side."""
+        dC = (C - cref).abs().sum(dim=1)
         terms = max(self.J.shape[1], self.n + 1) + self.X.shape[1]
-        return 8.0 * (terms + 2) * _EPS * (uref + dC * self.R * self.R)
+        return 8.0 * (terms + 2) * _EPS * (uref.abs().amax(dim=1) + dC * self.R * self.R)
 
-    def _keys(self, idx, V, allow, clock):
-        """Each tracked pair's key: the clock at which it may cross ``b``, its value ``V``
-        at clock ``clock``: ``clock + (|V - b| - allow)/||x_j||`` (pads: inf)."""
-        J = self.J[idx, : V.shape[1]]
+    def _keys(self, J, V, allow, clock):
+        """Each tracked pair's key (places ``J``): the clock at which it may cross ``b``,
+        its value ``V`` at clock ``clock``: ``clock + (|V - b| - allow)/||x_j||`` (pads:
+        inf)."""
         valid = J < self.n
         gap = ((V - self.b).abs() - allow[:, None]) / self.torch.where(valid, self.xnorm[J], 1.0)
         return self.torch.where(valid, clock[:, None] + gap, np.inf)
 
-    def _band_keys(self, idx, allow, clock, D=None):
-        """The clock at which rows ``idx`` may leave their band, from their distance ``D``
-        from the anchor at clock ``clock`` (0 when ``None``)."""
-        key = clock + (self.beta[idx] - allow) / (self.R * (1.0 + 1e-12))
+    def _band_keys(self, beta, allow, clock, D=None):
+        """The clock at which rows of band half-width ``beta`` may leave their band, from
+        their distance ``D`` from the anchor at clock ``clock`` (0 when ``None``)."""
+        key = clock + (beta - allow) / (self.R * (1.0 + 1e-12))
         return key if D is None else key - D
 
-    def _set_limits(self, idx) -> None:
-        """A row is due when its clock reaches the least of its keys."""
-        key = self.torch.where(self.J[idx] < self.n, self.key[idx], np.inf)  # pads: never
-        self.limit[idx] = self.torch.minimum(key.amin(dim=1), self.bandkey[idx])
+    def _limits(self, J, key, bandkey):
+        """A row is due when its clock reaches the least of its keys (pads: never)."""
+        torch = self.torch
+        return torch.minimum(torch.where(J < self.n, key, np.inf).amin(dim=1), bandkey)
+
+    def _set_limits(self) -> None:
+        self.limit.copy_(self._limits(self.J, self.key, self.bandkey))
 
     def _steps(self, E):
         """A bound on each neuron's step for the error ``E`` (padded), float64 rounding
@@ -264,240 +333,144 @@ class DeviceKernelTrainer(DeviceBand):
         bound = torch.where(torch.isinf(self.sigma), tri, torch.minimum(tri, two))
         return self.eta_s * bound * (1.0 + 4.0 * (self.Jf.shape[1] + 4) * _EPS)
 
-    def _fire_lists(self, idx, F) -> None:
-        """The compact fire sets of rows ``idx`` (flags ``F`` at their places): their
-        points first (the pad ``n`` after) and their norms, widened for all rows when a
-        row fires on more points than the lists hold."""
+    def _new_lists(self) -> None:
+        """Every row's compact fire set (:meth:`_fire_lists`), the lists as wide as the
+        largest fire set and :data:`~.device_band._SLACK` more, and whether visits bound
+        the steps by σ (:meth:`_sigma`, ``2·(n+1)²`` flops a visited row): where the mean
+        fire set has at most :data:`~corrtree._config.DEVICE_SIGMA_POINTS` points
+        (incoherent data, short fire sets; on coherent data ``λ_max`` is near the trace
+        and the triangle bound is as good, so σ stays inf).  One read for both."""
         torch = self.torch
-        Pf = max(1, int(F.sum(dim=1).max()) if idx.numel() else 1)
-        if self.Jf is None or Pf > self.Jf.shape[1]:
-            Jf = torch.full((self.m, Pf), self.n, dtype=torch.int64, device=self.device)
-            if self.Jf is not None:
-                Jf[:, : self.Jf.shape[1]] = self.Jf
-            self.Jf, self.XNf = Jf, self.xnorm[Jf]
-        k = min(F.shape[1], self.Jf.shape[1])  # the rows' places may be fewer than the lists'
+        sizes = self.F.sum(dim=1)
+        most, total, rows = torch.stack((sizes.max(), sizes.sum(), sizes.gt(0).sum())).tolist()
+        self._use_sigma = total <= _config.DEVICE_SIGMA_POINTS * max(1, rows)
+        Pf = max(1, int(most))
+        self.Jf = torch.full(
+            (self.m, Pf + Pf // _SLACK), self.n, dtype=torch.int64, device=self.device
+        )
+        self.XNf = self.xnorm[self.Jf]
+        self._fire_lists(torch.arange(self.m, device=self.device), self.F)
+
+    def _fire_lists(self, idx, F, J=None):
+        """The compact fire sets of rows ``idx`` (flags ``F`` at their places ``J``, by
+        default theirs): their points first (the pad ``n`` after) and their norms, at
+        the lists' width.  Returns the most points a row of them fires on (a device
+        scalar): a caller that finds it above the width widens the lists
+        (:meth:`_widen_lists`) and lists the rows again."""
+        torch = self.torch
+        if J is None:
+            J = self.J[idx, : F.shape[1]]
+        Pf = self.Jf.shape[1]
+        k = min(F.shape[1], Pf)  # the rows' places may be fewer than the lists'
         first = marked_first(torch, F, k)
         fired = torch.gather(F, 1, first)
-        J = self.J[idx, : F.shape[1]]
-        lists = torch.full((idx.numel(), self.Jf.shape[1]), self.n, dtype=J.dtype, device=J.device)
+        lists = torch.full((idx.numel(), Pf), self.n, dtype=J.dtype, device=J.device)
         lists[:, :k] = torch.where(fired, torch.gather(J, 1, first), self.n)
         self.Jf[idx], self.XNf[idx] = lists, self.xnorm[lists]
+        return F.sum(dim=1).max()
 
-    def _sigma(self, idx, F):
-        """Gershgorin: ``σ_r² = max_p Σ_q |G_pq|`` over the fire set, rounding included."""
+    def _widen_lists(self, width: int) -> None:
         torch = self.torch
-        Pf = int(F.sum(dim=1).max()) if idx.numel() else 0
-        if Pf == 0:
-            return torch.zeros(idx.numel(), dtype=self._f64, device=self.device)
-        first = marked_first(torch, F, Pf)
-        J = self.J[idx, : F.shape[1]]
-        Jf = torch.where(torch.gather(F, 1, first), torch.gather(J, 1, first), self.n)
-        rows = self.Gp[Jf[:, :, None], Jf[:, None, :]].abs().sum(dim=2).amax(dim=1)
-        return torch.sqrt(rows * (1.0 + 4.0 * (Pf + 2) * _EPS))
+        pad = torch.full(
+            (self.m, width - self.Jf.shape[1]), self.n, dtype=torch.int64, device=self.device
+        )
+        self.Jf = torch.cat((self.Jf, pad), dim=1)
+        self.XNf = self.xnorm[self.Jf]
 
-    # -- a visit -------------------------------------------------------------------------
-    def _distance(self, idx, C, P=None):
-        """``D >= ||w_r(t) - w_r(t_a)||`` of rows ``idx``: ``sqrt(ΔCᵀ G ΔC)`` over the
-        moved columns, with the margin of its rounding (:meth:`DeviceBand._distance_of`);
-        ``P``: as for :meth:`DeviceBand._moved`."""
+    def _sigma(self, F, J):
+        """Gershgorin: ``σ_r² = max_{p∈S} Σ_{q∈S} |G_pq|`` over each fire set ``S`` (flags
+        ``F`` at places ``J``), by one GEMM of the flags by point with ``|G|``
+        (``2·k·(n+1)²`` flops, whatever the sets' sizes); the rounding of ``n + 1``
+        terms of one sign included."""
         torch = self.torch
-        Jp, dCp = self._moved(idx, C, P)
-        P = Jp.shape[1]
-        if P == 0:
-            return torch.zeros(idx.numel(), dtype=self._f64, device=self.device)
-        G = self.Gp[Jp[:, :, None], Jp[:, None, :]]
-        return self._distance_of((dCp * torch.bmm(dCp[:, None, :], G)[:, 0, :]).sum(dim=1), dCp)
-
-    def _values_at(self, idx, C, due, P=None, Qd=None):
-        """Values of rows ``idx`` by the Gram identity at the places ``due`` (0 elsewhere):
-        O(k·P·Qd) gathers, ``Qd`` the most due places in a row (read from the device
-        unless given, as ``P``: :meth:`DeviceBand._moved`)."""
-        torch = self.torch
-        width = C.shape[1]
-        J = self.J[idx, :width]
-        if Qd is None:
-            Qd = int(due.sum(dim=1).max())
-        places = marked_first(torch, due, Qd)
-        real = torch.gather(due, 1, places)
-        Jd = torch.where(real, torch.gather(J, 1, places), self.n)
-        Vd = torch.gather(self.uref[idx, :width], 1, places)
-        Jp, dCp = self._moved(idx, C, P)
-        if Jp.shape[1]:
-            Gs = self.Gp[Jp[:, :, None], Jd[:, None, :]]  # (k, P, Qd)
-            Vd = Vd - torch.bmm(dCp[:, None, :], Gs)[:, 0, :]
-        V = torch.zeros((idx.numel(), width), dtype=self._f64, device=self.device)
-        V.scatter_(1, places, torch.where(real, Vd, 0.0))
-        return V
-
-    def _by_product(self, idx, C, due, banded) -> tuple[bool, int, int]:
-        """Whether rows ``idx`` cost less by their moves than by the Gram identity,
-        priced with the device's rates (:data:`~corrtree._config.DEVICE_RATES`): the
-        Gram identity gathers ``P·Qd`` entries a row for its due values and ``P²`` a
-        banded row for its distance (``P`` the most moved coefficients of a row, ``Qd``
-        its most due places: the batch is padded to them); the moves are one GEMM
-        ``ΔC·X`` (``2·n·d`` flops a row), and the values one more against every point
-        (``2·n·d``), from which the due ones are gathered.  Either gives every value and
-        distance to its rounding (:meth:`_allow`).  Returns the choice, ``P`` and ``Qd``
-        (one transfer: the Gram identity then reads neither again)."""
-        torch = self.torch
-        moving = C != self.cref[idx, : C.shape[1]]
-        most = torch.stack((moving.sum(dim=1).max(), due.sum(dim=1).max(), banded.sum()))
-        P, Qd, kb = (int(v) for v in most.tolist())  # one transfer
-        if P == 0:
-            return False, P, Qd
-        rate = self._rates()
-        k, n, d = idx.numel(), self.n, self.X.shape[1]
-        gram = (k * Qd + kb * P) * P / rate["gathers"]
-        product = 2.0 * k * n * d * (1 + (Qd > 0)) / rate["flops64"]
-        return product + k * (n + 1 + Qd) / rate["gathers"] < gram, P, Qd
+        f = self._by_point(J, F.to(self._f64))
+        rows = torch.where(f > 0, f @ self.Gabs, 0.0).amax(dim=1)
+        return torch.sqrt(rows * (1.0 + 4.0 * (self.n + 3) * _EPS))
 
     def _rates(self) -> dict[str, float]:
         """The device's rates (:data:`~corrtree._config.DEVICE_RATES`)."""
         return _config.DEVICE_RATES.get(self.device.type, _config.DEVICE_RATES["cpu"])
 
-    def _moves(self, idx, C):
-        """``ΔW = ΔC·X`` of rows ``idx`` since their anchors (one GEMM over the points)
-        and ``Σ|ΔC|`` of each: ``(k, d)``, ``(k,)``."""
-        dC = C - self.cref[idx, : C.shape[1]]
-        dW = self._by_point(self.J[idx, : C.shape[1]], dC) @ self.Xp
-        return dW, dC.abs().sum(dim=1)
+    # -- a visit -------------------------------------------------------------------------
+    def _visit(self, idx, live, nband: int):
+        """Visit the rows of ``idx`` that ``live`` marks at ``W(t+1)``, in fixed shapes
+        (the others are read and written back as they were; each pack read and written
+        once): every value and distance by GEMM (:meth:`DeviceBand._gemm_values`); the
+        rows whose band key passed and whose distance may exceed the band re-anchored in
+        a batch of :func:`~.device_band.capacity` ``(nband)`` rows, ``nband`` the rows
+        whose band key passed; the values of the pairs whose key passed; flips (``κ``
+        and the outputs, corrected by one GEMM of the flips by point with the output
+        weights; ``N`` and ``H`` once the counts are read); ``σ`` where the fire set
+        changed, keys, fire lists.
 
-    def _distance_by_move(self, dW, l1):
-        """``D >= ||w_r(t) - w_r(t_a)||`` from the computed move ``dW``: each of its
-        entries errs by at most ``γ_{n+1}·Σ_p |ΔC_p||x_pt|``, so the vector by
-        ``γ_{n+1}·Σ|ΔC|·R``, and its norm by ``γ_d`` relative."""
-        d = dW.shape[1]
-        norm = self.torch.sqrt((dW * dW).sum(dim=1))
-        return norm * (1.0 + 4.0 * (d + 2) * _EPS) + 4.0 * (self.n + 3) * _EPS * l1 * self.R
-
-    def _values_by_move(self, idx, C, due, dW):
-        """:meth:`_values_at` from the moves: ``U(t_a) - ΔW·x_j`` for every point
-        (one GEMM), gathered at the due places."""
+        Returns device scalars ``(re-anchored, values, flips, entries, width, lists,
+        touched)``, the mask (over ``idx``) of the rows left as they were because their
+        new pairs outgrow the tracked width (``width``: the widest of them; ``lists``:
+        the largest fire set, against the lists' width), and what
+        :meth:`_change_counts` takes once the counts are read (``entries`` and
+        ``touched``, the rows with a flip, price its two ways)."""
         torch = self.torch
-        width = C.shape[1]
-        J = self.J[idx, :width]
-        delta = dW @ self.Xp.T  # (k, n + 1); the pad point's column is 0
-        V = self.uref[idx, :width] - torch.gather(delta, 1, J)
-        return torch.where(due, V, 0.0)
-
-    def _visit(self, idx, width: int, flips: list) -> tuple[int, int]:
-        """Visit rows ``idx`` at ``W(t+1)``, their tracked places within the first
-        ``width``: the exact distance of the rows whose band key passed (re-anchoring
-        those past the band), the values of the pairs whose key passed, flips (``κ``,
-        ``N`` and ``H``, the outputs' corrections appended to ``flips``), ``σ``, keys.
-        Returns how many rows were re-anchored and how many values computed."""
-        torch = self.torch
-        n = self.n
-        clock = self.clock[idx]
-        C = self._coef(idx, width)
-        fo, kap = self.F[idx, :width], self.kappa[idx, :width]
-        key, bandkey = self.key[idx, :width], self.bandkey[idx]
-        banded = clock >= bandkey
-        due = (key <= clock[:, None]) & (self.J[idx, :width] < n)
-        product, P, Qd = self._by_product(idx, C, due, banded)
-        if product:
-            dW, l1 = self._moves(idx, C)
-        D = torch.zeros_like(clock)
-        if bool(banded.any()):
-            if product:
-                D[banded] = self._distance_by_move(dW[banded], l1[banded])
-            else:
-                D[banded] = self._distance(idx[banded], C[banded], P)
-        bad = banded & self._expired(idx, D)
-        again = int(bad.sum())
+        n, Q, f64 = self.n, self.J.shape[1], self._f64
+        J, fo, A, Ep = self.J[idx], self.F[idx], self.At[idx], self.Ep
+        places = self.rowsQ[idx]
+        uref, cref, kap, key = places.unbind(1)
+        beta, sigma, bandkey, clock, _, _ = self.rowsS[idx].unbind(1)
+        g = (Ep[J] * A[:, None, :]).sum(dim=2)  # <a_r, E_j>
+        C = kap + torch.where(fo, self.eta_s * g, 0.0)
+        banded = live & (clock >= bandkey)
+        due = live[:, None] & (key <= clock[:, None]) & (J < n)
+        V, D = self._gemm_values(J, C, cref, uref)
+        bad = banded & self._expired(beta, D)
         due &= ~bad[:, None]
-        if not bool(due.any()):
-            V = torch.zeros_like(C)
-        elif product:
-            V = self._values_by_move(idx, C, due, dW)
-        else:
-            V = self._values_at(idx, C, due, P, Qd)
-        if again:
-            ra = idx[bad]
-            oldJ, fo_ra, kap_ra = self.J[ra, :width], fo[bad], kap[bad]
-            Cn = self._anchor(ra, C[bad], keep=fo_ra)
-            width = max(width, int((self.J[ra] < n).sum(dim=1).max()))
-            V, C, fo, kap, due = (self._pad(x, width) for x in (V, C, fo, kap, due))
-            key = self._pad(key, width, np.inf)
-            # the old flags and κ move to the new places, by point; every value is fresh
-            newJ = self.J[ra, :width]
-            fo[bad] = torch.gather(self._by_point(oldJ, fo_ra), 1, newJ)
-            kap[bad] = torch.gather(self._by_point(oldJ, kap_ra), 1, newJ)
-            V[bad], C[bad], due[bad] = self.uref[ra, :width], Cn[:, :width], newJ < n
-            clock = torch.where(bad, 0.0, clock)
-            D = torch.where(bad, 0.0, D)
-        J = self.J[idx, :width]
+        skip, width = torch.zeros_like(live), torch.zeros((), dtype=torch.int64, device=self.device)
+        cb = capacity(nband, idx.numel())
+        if cb:
+            sub, alive = compact(torch, bad, cb)
+            Js, fs = J[sub], fo[sub]
+            U, Cd, kept = self._anchor_pick(idx[sub], C[sub], keep=fs, J=Js, beta=beta[sub])
+            wide = kept.sum(dim=1)
+            ok = alive & (wide <= Q)
+            width = torch.where(alive & ~ok, wide, 0).max()
+            newJ, Un, Cn = self._anchor_places(U, Cd, kept)
+            w = ok[:, None]
+            # a written row's places are all new: its products, coefficients, the old
+            # flags and κ moved there by point, every pair due
+            kn = torch.gather(self._by_point(Js, kap[sub]), 1, newJ)
+            fresh = torch.stack((Un, Cn, kn, key[sub]), dim=1)
+            places[sub] = torch.where(w[:, None], fresh, places[sub])
+            J[sub] = newJ = torch.where(w, newJ, Js)
+            fo[sub] = torch.where(w, torch.gather(self._by_point(Js, fs), 1, newJ), fs)
+            C[sub] = torch.where(w, Cn, C[sub])
+            V[sub] = torch.where(w, Un, V[sub])
+            due[sub] = torch.where(w, newJ < n, due[sub])
+            g[sub] = torch.where(w, (Ep[newJ] * A[sub, None, :]).sum(dim=2), g[sub])
+            written = torch.zeros_like(live)
+            written[sub] = ok
+            skip, bad = bad & ~written, bad & written
+            live = live & ~skip
+        clock = torch.where(bad, 0.0, clock)
+        D = torch.where(bad, 0.0, D)
         fn = torch.where(due, V >= self.b, fo) & (J < n)
         changed = fn != fo
-        if bool(changed.any()):
-            g = self._own(idx, self.Ep, width)
-            kap = torch.where(changed, C - torch.where(fn, self.eta_s * g, 0.0), kap)
-            rl, q = torch.nonzero(changed, as_tuple=True)
-            delta = (V[rl, q] - self.b) * (fn[rl, q].double() - fo[rl, q].double())
-            flips.append((J[rl, q], idx[rl], delta))
-            self._change_counts(idx, J, fo, fn, changed)
-        allow = self._allow(idx, C)
-        fresh = due | bad[:, None]  # a re-anchored row's keys are all new (pads: inf)
-        key = torch.where(fresh, self._keys(idx, V, allow, clock), key)
-        bandkey = torch.where(banded, self._band_keys(idx, allow, clock, D), bandkey)
-        self.kappa[idx, :width], self.F[idx, :width], self.key[idx, :width] = kap, fn, key
-        self.bandkey[idx], self.clock[idx] = bandkey, clock
-        self._set_limits(idx)
-        self.nfire[idx] = fn.sum(dim=1)
-        self._fire_lists(idx, fn)
-        # σ where the fire set changed (or is not known yet): O(Pf²) a row, so only for
-        # short fire sets; a long one keeps the triangle bound alone (σ = inf)
-        redo = changed.any(dim=1) | torch.isinf(self.sigma[idx])
-        short = self.nfire[idx] <= _config.DEVICE_SIGMA_POINTS
-        self.sigma[idx[redo & ~short]] = np.inf
-        if bool((redo & short).any()):
-            self.sigma[idx[redo & short]] = self._sigma(idx[redo & short], fn[redo & short])
-        return again, int(due.sum())
-
-    def _buckets(self, due) -> list[tuple[Any, int]]:
-        """The due rows in chunks of about equal tracked counts (sorted by it), each with
-        its width and within a share of the device's memory: a chunk pads its rows to its
-        widest, not to the widest of all."""
-        torch = self.torch
-        n, d = self.n, self.X.shape[1]
-        tracked = (self.J[due] < n).sum(dim=1)
-        order = torch.argsort(tracked, stable=True)
-        due, tracked = due[order], tracked[order].cpu().numpy()
-        width = np.maximum(tracked, 1).astype(np.float64)
-        # a row's bytes at its width: the P×Q gathers (P <= Q), the GEMM and by-point rows
-        per = 8.0 * (3.0 * width * width + n + d * width) + 17.0 * (n + 1)
-        per += 8.0 * (2.0 * (n + 1) + d)  # the moves, and their products with the points
-        budget = _CHUNK_SHARE * free_bytes(self.device)
-        out, s = [], 0
-        while s < len(per):
-            # rows are sorted by width: a chunk [s, e) costs (e - s)·per[e - 1]
-            e = s + 1
-            grow = np.flatnonzero((np.arange(s + 1, len(per) + 1) - s) * per[s:] <= budget)
-            if grow.size:
-                e = s + 1 + int(grow[-1])
-            out.append((due[s:e], int(width[e - 1])))
-            s = e
-        return out
-
-    def _pad(self, x, Q, value=0):
-        if x.shape[1] == Q:
-            return x
-        shape = (x.shape[0], Q - x.shape[1])
-        fill = self.torch.full(shape, value, dtype=x.dtype, device=x.device)
-        return self.torch.cat((x, fill), dim=1)
-
-    def _apply_flips(self, flips: list) -> None:
-        """The outputs' corrections summed point by point, in increasing neuron order
-        (a stable sort, a segment reduction)."""
-        torch = self.torch
-        points = torch.cat([f[0] for f in flips])
-        rows = torch.cat([f[1] for f in flips])
-        delta = torch.cat([f[2] for f in flips])
-        order = torch.argsort(points * self.m + rows)  # by point, then by neuron
-        vals = (delta[:, None] * self.At[rows])[order]
-        counts = torch.bincount(points, minlength=self.n + 1)
-        corr = segment_sums(torch, vals, counts)[: self.n]
-        self.u_dev += corr * self.scale * self.alpha
+        kap = torch.where(changed, C - torch.where(fn, self.eta_s * g, 0.0), kap)
+        delta = torch.where(changed, (V - self.b) * (fn.to(f64) - fo.to(f64)), 0.0)
+        self.u_dev += (self._by_point(J, delta)[:, :n].T @ A) * (self.scale * self.alpha)
+        K = A.shape[1]
+        entries = (changed.sum(dim=1) * (fn.sum(dim=1) + fo.sum(dim=1))).sum() * (K * K)
+        allow = self._allow(C, cref, uref)
+        key = torch.where(due | bad[:, None], self._keys(J, V, allow, clock), key)
+        bandkey = torch.where(banded & live, self._band_keys(beta, allow, clock, D), bandkey)
+        if self._use_sigma:  # σ where the fire set changed (or is not known yet)
+            redo = live & (changed.any(dim=1) | torch.isinf(sigma))
+            sigma = torch.where(redo, self._sigma(fn, J), sigma)
+        limit, nfire = self._limits(J, key, bandkey), fn.sum(dim=1)
+        self.rowsQ[idx] = torch.stack((uref, cref, kap, key), dim=1)
+        self.rowsS[idx] = torch.stack((beta, sigma, bandkey, clock, limit, nfire.to(f64)), dim=1)
+        self.J[idx], self.F[idx] = J, fn
+        lists = self._fire_lists(idx, fn, J)
+        touched = changed.any(dim=1).sum()
+        counts = (bad.sum(), due.sum(), changed.sum(), entries, width, lists, touched)
+        return counts, skip, (J, fo, fn, changed, A)
 
     # -- the trainer's interface ----------------------------------------------------------
     def _top_eigenvalue(self, G: np.ndarray, X: np.ndarray) -> tuple[float, float]:
@@ -537,35 +510,61 @@ class DeviceKernelTrainer(DeviceBand):
             self.Ep += E
         with self.timer("query"):
             # a neuron that did not move keeps its pairs' sides
-            due_mask = (self.clock >= self.limit) & (moves > 0)
+            due = (self.clock >= self.limit) & (moves > 0)
+            band = (due & (self.clock >= self.bandkey)).sum()
             # one transfer carries what the host decides on (the History row, the number
             # due) and u(t+1) as it is if nothing is due (counts are exact in float64)
-            head = torch.cat((stats.to(f64), due_mask.sum().reshape(1).to(f64)))
+            head = torch.cat((stats, due.sum().reshape(1), band.reshape(1))).to(f64)
             head = torch.cat((head, self.u_dev.reshape(-1))).cpu().numpy()
-            stats, ndue = head[:3], int(head[3])
-            flips: list = []
-            evaluated = reanchored = 0
-            if ndue:
-                due = torch.nonzero(due_mask).reshape(-1)
-                for part, width in self._buckets(due):
-                    again, values = self._visit(part, width, flips)
-                    reanchored, evaluated = reanchored + again, evaluated + values
+            ndue, nband = int(head[3]), int(head[4])
+            self.u = np.array(head[5:].reshape(n, K))  # unless a visit flips a pair
+            totals = np.zeros(6)
+            while ndue:
+                todo, got = self._visit_due(due, ndue, nband)
+                totals[:4] += got[:4]
+                if got[5] > self.Jf.shape[1]:  # a fire set outgrew the lists: list again
+                    self._widen_lists(int(got[5]) + int(got[5]) // _SLACK)
+                    self._fire_lists(torch.arange(self.m, device=self.device), self.F)
+                if got[4] > self.J.shape[1]:  # rows whose new pairs outgrow the width
+                    self._widen(int(got[4]) + int(got[4]) // _SLACK)
+                due, ndue, nband = todo, int(got[6]), int(got[6])
         with self.timer("forward"):
-            count = 0
-            if flips:
-                self._apply_flips(flips)
-                count = sum(int(f[0].numel()) for f in flips)
-            # without flips u(t+1) is the one transferred (visits change u only by flips)
-            self.u = None if flips else np.array(head[4:].reshape(n, K))
-            flips_row, self._flips_next = self._flips_next, count
+            flips_row, self._flips_next = self._flips_next, int(totals[2])
         return self._row(
-            int(stats[1]),
-            int(stats[0]),
+            int(head[1]),
+            int(head[0]),
             flips_row,
-            band_pairs=int(stats[2]),
-            reanchored=reanchored,
-            evaluated_pairs=evaluated,
+            band_pairs=int(head[2]),
+            reanchored=int(totals[0]),
+            evaluated_pairs=int(totals[1]),
         )
+
+    def _visit_due(self, due, ndue: int, nband: int):
+        """The ``ndue`` rows ``due`` marks visited in a batch of :func:`capacity`
+        rows, by chunks within a share of the device's memory; one transfer brings
+        back the visits' counts (:meth:`_visit`), the rows left for a pass after
+        widening, and ``u(t+1)``.  Returns the mask of those rows and the counts."""
+        torch = self.torch
+        rows, live = compact(torch, due, capacity(ndue, self.m))
+        n, d, Q = self.n, self.X.shape[1], self.J.shape[1]
+        per = 8.0 * (12.0 * Q + 8.0 * (n + 1) + 2.0 * d) + 4.0 * n * self.At.shape[1]
+        step = max(1, int(_CHUNK_SHARE * free_bytes(self.device) // per))
+        counts, skips, flips = [], [], []
+        for s in range(0, rows.numel(), step):
+            got, skip, changes = self._visit(rows[s : s + step], live[s : s + step], nband)
+            counts.append(torch.stack(got))
+            skips.append(skip)
+            flips.append(changes)
+        todo = torch.zeros_like(due)
+        todo[rows] = torch.cat(skips) if len(skips) > 1 else skips[0]
+        head = torch.cat((torch.stack(counts).reshape(-1), todo.sum().reshape(1))).to(self._f64)
+        head = torch.cat((head, self.u_dev.reshape(-1))).cpu().numpy()  # one transfer
+        per = head[: 7 * len(counts)].reshape(len(counts), 7)
+        for (touched, entries), (J, fo, fn, changed, A) in zip(per[:, [6, 3]], flips, strict=True):
+            self._change_counts(J, fo, fn, changed, A, int(touched), int(entries))
+        self.u = np.array(head[7 * len(counts) + 1 :].reshape(self.n, -1))
+        total = np.concatenate((per[:, :4].sum(axis=0), per[:, 4:6].max(axis=0)))
+        return todo, np.append(total, head[7 * len(counts)])
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         names = ("J", "uref", "cref", "kappa", "F", "beta", "sigma", "key", "bandkey", "clock")
@@ -580,15 +579,18 @@ class DeviceKernelTrainer(DeviceBand):
         if self.device is None:
             self.device = torch.device("cpu")
         self._bind_device(W0, scalars["band"])
+        self.Gabs = self.Gp.abs()
         for k in ("J", "uref", "cref", "kappa", "F", "beta", "sigma", "key", "bandkey", "clock"):
             setattr(self, k, self._tensor(arrays[k]))
-        self.limit = torch.zeros(self.m, dtype=self._f64, device=self.device)
-        self._set_limits(torch.arange(self.m, device=self.device))
+        self.limit, self.nfire = (
+            torch.zeros(self.m, dtype=self._f64, device=self.device) for _ in range(2)
+        )
+        self._pack()
+        self._set_limits()
         E = np.zeros((self.n + 1, arrays["E"].shape[1]))
         E[: self.n] = arrays["E"]
         self.Ep, self.u_dev = self._tensor(E), self._tensor(arrays["u"])
         self._flips_next = int(scalars["flips_next"])
         self.V = None
         self._counts()
-        self.Jf = None
-        self._fire_lists(self.torch.arange(self.m, device=self.device), self.F)
+        self._new_lists()
