@@ -5,7 +5,8 @@ Usage: PYTHONPATH=src python3 benchmarks/bench_gpu.py [--size small|large] [--ou
 (``--size large`` on a CUDA device; ``--size small`` runs on the CPU in minutes.)
 With ``--count`` it runs on the CPU instead: the device path counted step by step
 (launches, host synchronizations, gathers, flops, bytes) and priced for an H200 by a
-model validated on PyTorch dense (``corrtree.bench.device_count``).
+model validated on PyTorch dense (``corrtree.bench.device_count``); with
+``--count-widths`` the device kernel trainer so counted and modelled as the width grows.
 """
 
 import sys
@@ -14,7 +15,10 @@ import corrtree  # noqa: F401  (first: it sets the BLAS threads up before numpy 
 from corrtree.bench import device_count, gpu, script
 
 if __name__ == "__main__":
-    if "--count" in sys.argv:
+    if "--count-widths" in sys.argv:
+        sys.argv.remove("--count-widths")
+        script(device_count.run_widths, device_count.COUNT_WIDTHS, __doc__, __file__)
+    elif "--count" in sys.argv:
         sys.argv.remove("--count")
         script(device_count.run_count, device_count.COUNT_SIZES, __doc__, __file__)
     else:

@@ -857,6 +857,40 @@ def gpu_count(res: dict) -> str:
     return "\n".join(out)
 
 
+def gpu_widths(res: dict) -> str:
+    """The device kernel trainer's modelled whole runs by width, beside PyTorch dense
+    modelled at the same width, and the width at which it passes PyTorch."""
+    out = []
+    for name, case in res["results"].items():
+        rows = []
+        for point in case["widths"]:
+            for method, r in point["runs"].items():
+                worst = r["worst_later"]
+                star = "*" if r["extrapolated"] else ""
+                rows.append(
+                    [
+                        _pow2(point["m"]),
+                        method,
+                        f"{r['modelled_s']:.3g} s{star}",
+                        f"{point['torch_dense_s']:.3g} s",
+                        _x(r["vs_torch_dense"]),
+                        f"{worst['launches']} / {worst['syncs']}",
+                    ]
+                )
+        passes = case["passes_torch_dense_at"]
+        where = ", ".join(f"{k} from {_pow2(v)}" for k, v in passes.items()) or "none"
+        out += [
+            f"{name} (n={case['n']}, d={case['d']}, K={case['K']}, {case['iters']} "
+            f"iterations; passes PyTorch dense: {where}):",
+            "",
+            _table(["m", "method", "modelled", "PyTorch dense", "vs PyTorch", "worst step"], rows),
+            "",
+        ]
+    counted = " or ".join(str(c["steps_counted"]) for c in res["results"].values())
+    out.append(f"\\* the steps past the {counted} counted at the median of the last five.")
+    return "\n".join(out)
+
+
 def _counted(res: dict) -> str:
     counted = sorted({c["steps_counted"] for c in res["results"].values()})
     return " or ".join(str(c) for c in counted)
@@ -920,6 +954,14 @@ SUITES = {
         "H200 and its datasheet bandwidth. The model is checked first on PyTorch's own dense "
         "loop, whose whole runs were measured on the H200.",
     ),
+    "gpu_widths": (
+        "bench_gpu.py --count-widths",
+        "The device kernel trainer against width, modelled for an H200",
+        "The device kernel trainer counted on the CPU as above at each width on W1's and "
+        "W2's data, priced for an H200 (modelled, not measured), beside PyTorch dense float64 "
+        "modelled at the same width from its counted step; worst step: the worst after the "
+        "first three (launches / host synchronizations).",
+    ),
     "sgd": (
         "bench_sgd.py",
         "Mini-batch SGD",
@@ -968,6 +1010,7 @@ FORMATS = {
     "wide": wide,
     "gpu": gpu,
     "gpu_count": gpu_count,
+    "gpu_widths": gpu_widths,
 }
 
 BEGIN, END = "<!-- results-table -->", "<!-- /results-table -->"

@@ -435,21 +435,6 @@ def test_device_auto_picks_a_method_that_takes_the_run(monkeypatch):
     assert hi.info["calibration_s"] == 0.0
 
 
-def test_segment_sums_without_segment_reduce_are_the_same_sums():
-    """The padded way (for a backend without ``segment_reduce``) against the runs summed
-    one by one in numpy, empty runs included."""
-    from corrtree.training.device_band import padded_sums, segment_sums
-
-    rng = np.random.default_rng(0)
-    counts = np.array([3, 0, 5, 1, 0, 7])
-    vals = rng.standard_normal((counts.sum(), 2))
-    ends = np.cumsum(counts)
-    want = np.array([vals[e - c : e].sum(axis=0) for c, e in zip(counts, ends, strict=True)])
-    t_vals, t_counts = torch.from_numpy(vals), torch.from_numpy(counts)
-    np.testing.assert_allclose(padded_sums(torch, t_vals, t_counts).numpy(), want, atol=1e-15)
-    np.testing.assert_allclose(segment_sums(torch, t_vals, t_counts).numpy(), want, atol=1e-15)
-
-
 def test_device_kernel_keys_let_quiet_neurons_rest(monkeypatch):
     """Pads are never due, and a neuron is due only when its clock reached a key: as the
     steps shrink, fewer neurons are due (with heavy re-anchoring and wider rows: the

@@ -173,3 +173,46 @@ def test_device_kernel_steps_are_fixed_shapes_whatever_the_width(shape):
             assert c.syncs <= 2 and c.uploads == 0, c.as_dict()
         worst.append(max(c.launches for c in steps[3:]))
     assert max(worst) <= kernel_launches and worst[1] <= worst[0], worst
+
+
+def test_width_sweep_counts_and_tabulates(tmp_path):
+    """``bench_gpu.py --count-widths --size small``: each width counted and modelled beside
+    PyTorch dense at that width, saved, and tabulated for benchmarks/README.md."""
+    import importlib.util
+    import json
+    import os
+
+    res = dc.run_widths("small", str(tmp_path))
+    (case,) = res["results"].values()
+    assert [p["m"] for p in case["widths"]] == [2**10, 2**11]
+    for point in case["widths"]:
+        run = point["runs"]["kernel"]
+        assert run["vs_torch_dense"] == pytest.approx(point["torch_dense_s"] / run["modelled_s"])
+        assert run["worst_later"]["syncs"] <= 2 and len(run["syncs_per_step"]) == 6
+    here = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "tables.py")
+    spec = importlib.util.spec_from_file_location("tables", here)
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    with open(tmp_path / "gpu_widths_small.json", encoding="utf-8") as fh:
+        text = tables.gpu_widths(json.load(fh))
+    assert "| 2^11 | kernel |" in text and "passes PyTorch dense" in text
+
+
+@pytest.mark.parametrize("rates", ["scatters", "gemms"])
+def test_device_kernel_changes_counts_either_way_without_a_synchronization(monkeypatch, rates):
+    """Both ways of changing ``N`` after a visit (entry by entry, by float32 GEMMs of the
+    flipped rows), each forced by the rates it is priced with: every step after the first
+    three still at most 2 host synchronizations, and the dense trajectory."""
+    from corrtree import _config
+
+    cheap = ("scatters",) if rates == "scatters" else ("flops32", "bytes")
+    forced = {k: (1e30 if k in cheap else 1.0) for k in _config.DEVICE_RATES["cuda"]}
+    forced.update(sync=0.0, launch=0.0)
+    monkeypatch.setitem(_config.DEVICE_RATES, "cuda", forced)  # what counting prices with
+    got = _counted("W1", "kernel", 1024)
+    assert sum(got["history"].flips[3:]) > 0
+    for c in got["steps"][3:]:
+        assert c.syncs <= 2, c.as_dict()
+    scattered = sum(c.scatters for c in got["steps"][3:])  # accumulated into N
+    gemm32 = sum(c.flops32 for c in got["steps"][3:])  # the count GEMMs
+    assert (scattered > 0 and gemm32 == 0) if rates == "scatters" else (gemm32 > 0 == scattered)

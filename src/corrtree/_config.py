@@ -317,9 +317,9 @@ DEVICE_SIGMA_POINTS = 64
 #: The rates the device kernel trainer prices its choices with, by device type: float64
 #: and float32 GEMM flops, gathered and scattered (accumulated) entries, and bytes
 #: streamed, each a second, and the seconds of a host synchronization and of a launch.
-#: A visit's flips change ``N`` entry by entry (``2·|S|·K²`` scattered additions a flip,
-#: the flips listed: six synchronizations) or by float32 GEMMs of the visited rows' fire
-#: sets (``DeviceKernelTrainer._change_counts``).  ``cuda``: measured on an H200
+#: A visit's flips change ``N`` entry by entry (``2·Q·K²`` scattered additions a flip)
+#: or by float32 GEMMs of the flipped rows' fire sets
+#: (``DeviceKernelTrainer._change_counts``).  ``cuda``: measured on an H200
 #: (``G = XXᵀ`` at n = 2048, d = 768 in float64 in 0.12 ms; 14 M gathers from a resident
 #: ``G`` with a row sum in 0.42 ms, 3.6 ms through a deterministic ``index_add_``; the
 #: rates of ``corrtree.bench.device_count.H200``); ``cpu``: torch on the 2-core machines

@@ -48,6 +48,7 @@ __all__ = [
     "count_dense_step",
     "count_train",
     "modelled_seconds",
+    "run_widths",
     "validate_dense",
 ]
 
@@ -616,6 +617,86 @@ def run_count(
     print_table(
         "Modelled H200 whole runs (counted on the CPU)",
         ["workload", "m", "method", "modelled s", "torch dense s", "vs torch", "launches", "syncs"],
+        rows,
+    )
+    return {**payload, "results": results}
+
+
+#: ``bench_gpu.py --count-widths``: the device kernel trainer's modelled whole runs as the
+#: width grows, on W1's and W2's data: the widths, the steps counted at each (the rest
+#: extrapolated as :func:`run_count` does).  ``small`` is the tests' (seconds).
+COUNT_WIDTHS: dict[str, dict[str, Any]] = {
+    "small": {"scale_n": 1 / 8, "cases": {"W1": ((2**10, 2**11), 6)}, "methods": ("kernel",)},
+    "large": {
+        "scale_n": 1.0,
+        "cases": {
+            "W1": ((2**13, 2**14, 2**15, 2**16, 2**17), 30),
+            "W2": ((2**12, 2**13, 2**14, 2**15), 8),
+        },
+        "methods": ("kernel",),
+    },
+}
+
+
+def run_widths(size: str = "large", out_dir: str = "benchmarks/results") -> dict[str, Any]:
+    """``bench_gpu.py --count-widths``: each case's device methods counted at each width
+    (:data:`COUNT_WIDTHS`) and priced for an H200, beside PyTorch dense modelled at the
+    same width, with the first width at which each passes it.  JSON in
+    ``out_dir/gpu_widths_SIZE.json``, saved after every width."""
+    from ..model import TwoLayerReLU
+    from ..training import train
+    from ._util import print_table, save_result
+    from .workloads import WORKLOADS, load
+
+    cfg = COUNT_WIDTHS[size]
+    payload: dict[str, Any] = {"size": size, "rates": H200, "step_targets": STEP_TARGETS}
+    results: dict[str, Any] = {}
+    rows = []
+    for name, (widths, counted) in cfg["cases"].items():
+        w = WORKLOADS[name]
+        X, Y = load(w["data"], w["args"], cfg["scale_n"])
+        y = Y if Y.shape[1] > 1 else Y[:, 0]
+        iters = w["iters"]
+        case: dict[str, Any] = {
+            "n": X.shape[0], "d": X.shape[1], "K": Y.shape[1], "iters": iters,
+            "steps_counted": counted, "widths": [], "passes_torch_dense_at": {},
+        }  # fmt: skip
+        results[name] = case
+        for method in cfg["methods"]:
+            tiny = TwoLayerReLU.init(d=X.shape[1], m=256, outputs=Y.shape[1], seed=7)
+            train(tiny, X[:64], y[:64], method=method, iters=3, device="cpu")  # compile
+        for m in widths:
+            torch_s = modelled_seconds(count_dense_step(X.shape[0], X.shape[1], Y.shape[1], m))
+            torch_s *= iters
+            point: dict[str, Any] = {"m": m, "torch_dense_s": torch_s, "runs": {}}
+            for method in cfg["methods"]:
+                model = TwoLayerReLU.init(d=X.shape[1], m=m, outputs=Y.shape[1], seed=7)
+                got = count_train(train, model, X, y, method=method, iters=counted)
+                whole, extrapolated = _whole(got["steps"], iters)
+                later = got["steps"][3:]
+                point["runs"][method] = {
+                    "modelled_s": whole,
+                    "extrapolated": extrapolated,
+                    "vs_torch_dense": torch_s / whole,
+                    "worst_later": {
+                        "launches": max(c.launches for c in later),
+                        "syncs": max(c.syncs for c in later),
+                    },
+                    "syncs_per_step": [c.syncs for c in got["steps"]],
+                    "modelled_per_step_s": [modelled_seconds(c) for c in got["steps"]],
+                    "launches_per_step": [c.launches for c in got["steps"]],
+                    "evaluated_pairs": list(got["history"].evaluated_pairs),
+                    "counted_wall_s": got["wall_s"],
+                }
+                if torch_s >= whole:
+                    case["passes_torch_dense_at"].setdefault(method, m)
+                rows.append([name, m, method, whole, torch_s, torch_s / whole])
+            case["widths"].append(point)
+            payload["counted_on"] = time.strftime("%Y-%m-%d")
+            save_result(out_dir, f"gpu_widths_{size}", {**payload, "results": results})
+    print_table(
+        "Modelled H200 whole runs against width (counted on the CPU)",
+        ["workload", "m", "method", "modelled s", "torch dense s", "vs torch"],
         rows,
     )
     return {**payload, "results": results}

@@ -74,31 +74,6 @@ def marked_first(torch, mask, k: int):
     return torch.argsort((~mask).to(torch.int8), dim=1, stable=True)[:, :k]
 
 
-def segment_sums(torch, vals, counts):
-    """Sums of consecutive runs of rows of ``vals`` (``counts`` rows each), each run added
-    in its order whatever the device's scheduling: ``torch.segment_reduce``, or where a
-    backend lacks it, the runs padded into the rows of a matrix summed along them (a
-    fixed reduction per shape).  No atomic accumulation either way."""
-    try:
-        return torch.segment_reduce(vals, "sum", lengths=counts, axis=0)
-    except (RuntimeError, NotImplementedError):
-        return padded_sums(torch, vals, counts)
-
-
-def padded_sums(torch, vals, counts):
-    """:func:`segment_sums` by padding: run ``s`` in row ``s`` of a ``(runs, longest,
-    K)`` array of zeros, then summed along its rows."""
-    starts = torch.cumsum(counts, dim=0) - counts
-    run = torch.repeat_interleave(torch.arange(counts.numel(), device=vals.device), counts)
-    rank = torch.arange(vals.shape[0], device=vals.device) - starts[run]
-    longest = int(counts.max()) if counts.numel() else 0
-    out = torch.zeros(
-        (counts.numel(), max(1, longest), vals.shape[1]), dtype=vals.dtype, device=vals.device
-    )
-    out[run, rank] = vals
-    return out.sum(dim=1)
-
-
 def compact(torch, mask, cap: int):
     """The rows ``mask`` marks, in increasing order, then the unmarked ones, the first
     ``cap`` of them, and which of those are marked: ``(rows, live)``, both ``(cap,)``.
@@ -343,20 +318,6 @@ class DeviceBand(Trainer):
                 setattr(self, name, torch.cat((a, z), dim=1))
 
     # -- values, outputs ---------------------------------------------------------------
-    def _moved(self, idx, C, P=None):
-        """The coefficient changes since the anchor of rows ``idx`` at the columns that
-        moved (those that fired: only they enter the Gram sums): their points ``Jp`` and
-        changes ``dCp``, ``(k, P)``, P the most in a row (read from the device unless
-        given: any bound on it gives the same sums, padded)."""
-        torch = self.torch
-        J = self.J[idx, : C.shape[1]]  # the rows' places beyond C's are pads
-        dC = C - self.cref[idx, : C.shape[1]]
-        moving = dC != 0
-        if P is None:
-            P = int(moving.sum(dim=1).max()) if idx.numel() else 0
-        first = marked_first(torch, moving, P)
-        return torch.gather(J, 1, first), torch.gather(dC, 1, first)
-
     def _distance_of(self, D2, dCp):
         """``D >= ||w_r(t) - w_r(t_a)||`` from the computed ``D2 = ΔCᵀGΔC``: its rounding
         is at most (P+2)·ε of its absolute terms, Σ_pq |ΔC_p||G_pq||ΔC_q| <=

@@ -26,8 +26,9 @@ so a step is one mat-vec, plus the work on the neurons whose pairs may cross:
   by place, ``u`` corrected by ``Σ (a_r/√m)(V - b)(F_new - F_old)`` (the flips spread
   over the points, one GEMM with the output weights: no atomics), and, once the
   visit's counts are read, the count matrix ``N = Σ_r (a_r a_rᵀ) ⊗ f_r f_rᵀ`` changed by
-  float32 GEMMs of the flipped rows or at the entries the flips touch, whichever the
-  device's rates price lower, then ``H = N ∘ G / m`` recomputed there.
+  float32 GEMMs of the flipped rows or at the entries the flips touch (each in a batch
+  of their number), whichever the device's rates price lower, then ``H = N ∘ G / m``
+  recomputed there.
 
 A step is two transfers at most: the number due with the History row (and ``u(t+1)``
 if nothing is due), then the visit's counts with ``u(t+1)``.  Rows whose new pairs
@@ -220,19 +221,18 @@ class DeviceKernelTrainer(DeviceBand):
         matrix built anew."""
         return self.N[Ir, Jx] * g / float(self.width)
 
-    def _change_counts(self, J, fo, fn, changed, A, touched: int, entries: int) -> None:
+    def _change_counts(self, J, fo, fn, changed, A, touched: int, flips: int) -> None:
         """Add ``f_new f_newᵀ - f_old f_oldᵀ`` (times ``a_r a_rᵀ``) of visited rows (places
         ``J``, output weights ``A``) to ``N`` at the entries that change, and recompute
-        ``H`` there; ``touched`` rows have a flip, ``entries`` is the number of entries
-        a scattered change adds (both read with the visit's counts, so priced exactly).
+        ``H`` there; ``touched`` rows have a flip and there are ``flips`` flips (both read
+        with the visit's counts, so priced exactly).
         The additions are integers, so ``N`` is exact whatever their order and grouping.
 
         Two ways, priced with the device's rates: by float32 GEMMs of the touched rows
         (a batch of :func:`capacity` rows), their old fire sets subtracted and their new
         ones added (:meth:`_add_counts`: ``4·k·(nK)²`` flops, fixed shapes) and ``H``
         rebuilt (:meth:`_rebuild_h`); or entry by entry, each flip ``2·Q·K²`` entries
-        (the flips listed: six host synchronizations a group), each way with its
-        launches."""
+        (:meth:`_scatter_counts`), each way with its launches."""
         torch = self.torch
         K = self.At.shape[1]
         nK = self.n * K
@@ -242,8 +242,8 @@ class DeviceKernelTrainer(DeviceBand):
         k = capacity(touched, J.shape[0])
         by_gemm = 4.0 * k * nK * nK / rate["flops32"] + 48.0 * nK * nK / rate["bytes"]
         by_gemm += 20 * rate["launch"]
-        scattered = 2.0 * entries / rate["scatters"]
-        scattered += 6 * rate["sync"] + 30 * rate["launch"]  # the flips listed, one group
+        entries = 2.0 * capacity(flips, changed.numel()) * J.shape[1] * K * K
+        scattered = entries / rate["scatters"] + 30 * rate["launch"]
         fits = 8.0 * k * nK <= _CHUNK_SHARE * free_bytes(self.device)  # the rows' products
         if fits and by_gemm <= scattered:
             rows, live = compact(torch, changed.any(dim=1), k)
@@ -251,20 +251,35 @@ class DeviceKernelTrainer(DeviceBand):
             self._add_counts(J[rows], fn[rows] & w, A[rows], old=fo[rows] & w)
             self._rebuild_h()
             return
-        rl, q = torch.nonzero(changed, as_tuple=True)
-        per = 2.0 * J.shape[1] * K * K * 64.0  # indices, values, G and H for each entry
+        self._scatter_counts(J, fo, fn, changed, A, flips)
+
+    def _scatter_counts(self, J, fo, fn, changed, A, flips: int) -> None:
+        """:meth:`_change_counts` entry by entry, in fixed shapes: the ``flips`` flipped
+        places listed in a batch (:func:`capacity`), each with the ``Q`` entries of its
+        row, ``f_new[q] f_new[q'] - f_old[q] f_old[q']`` (zeros included: adding 0 to
+        ``N`` changes nothing, and ``H`` recomputed from an unchanged entry is the
+        same), by groups within a share of the device's memory."""
+        torch = self.torch
+        K, Q = A.shape[1], J.shape[1]
+        n = self.n
+        cap = capacity(flips, changed.numel())
+        flat, live = compact(torch, changed.reshape(-1), cap)
+        per = 4.0 * Q * K * K * 64.0  # indices, values, G and H for each entry
         group = max(1, int(_CHUNK_SHARE * free_bytes(self.device) // per))
-        fnd, fod = fn.double(), fo.double()
-        for s in range(0, rl.numel(), group):
-            rg, qg = rl[s : s + group], q[s : s + group]
-            # (q, q') with q changed: f_new[q] f_new[q'] - f_old[q] f_old[q']
+        fnd, fod = fn.to(self._f64), fo.to(self._f64)
+        Jc = torch.where(J < n, J, 0)  # a pad's entries are 0: added at a real point
+        for s in range(0, cap, group):
+            rg, qg, w = flat[s : s + group] // Q, flat[s : s + group] % Q, live[s : s + group]
+            # (q, q') with q flipped: f_new[q] f_new[q'] - f_old[q] f_old[q']
             val = fnd[rg, qg, None] * fnd[rg] - fod[rg, qg, None] * fod[rg]
-            e, q2 = torch.nonzero(val, as_tuple=True)
-            v, j1, j2, r = val[e, q2], J[rg[e], qg[e]], J[rg[e], q2], rg[e]
-            # and (q', q) with q' unchanged (a changed q' has its own entries)
-            back = ~changed[r, q2]
-            r, v = torch.cat((r, r[back])), torch.cat((v, v[back]))
-            j1, j2 = torch.cat((j1, j2[back])), torch.cat((j2, j1[back]))
+            val = torch.where(w[:, None], val, 0.0)
+            # and (q', q) with q' unchanged (a flipped q' has its own entries)
+            back = torch.where(changed[rg], 0.0, val)
+            j1 = Jc[rg, qg, None].expand(-1, Q)
+            j2 = Jc[rg]
+            v, r = torch.cat((val, back)).reshape(-1), torch.cat((rg, rg))[:, None].expand(-1, Q)
+            j1, j2 = torch.cat((j1, j2)).reshape(-1), torch.cat((j2, j1)).reshape(-1)
+            r = r.reshape(-1)
             g = self.Gp[j1, j2]
             if K == 1:
                 vals, Ir, Jx = v * A[r, 0] ** 2, j1, j2
@@ -403,12 +418,12 @@ class DeviceKernelTrainer(DeviceBand):
         weights; ``N`` and ``H`` once the counts are read); ``σ`` where the fire set
         changed, keys, fire lists.
 
-        Returns device scalars ``(re-anchored, values, flips, entries, width, lists,
-        touched)``, the mask (over ``idx``) of the rows left as they were because their
-        new pairs outgrow the tracked width (``width``: the widest of them; ``lists``:
-        the largest fire set, against the lists' width), and what
-        :meth:`_change_counts` takes once the counts are read (``entries`` and
-        ``touched``, the rows with a flip, price its two ways)."""
+        Returns device scalars ``(re-anchored, values, flips, width, lists, touched)``,
+        the mask (over ``idx``) of the rows left as they were because their new pairs
+        outgrow the tracked width (``width``: the widest of them; ``lists``: the largest
+        fire set, against the lists' width), and what :meth:`_change_counts` takes once
+        the counts are read (the flips and ``touched``, the rows with a flip, price its
+        two ways)."""
         torch = self.torch
         n, Q, f64 = self.n, self.J.shape[1], self._f64
         J, fo, A, Ep = self.J[idx], self.F[idx], self.At[idx], self.Ep
@@ -455,8 +470,6 @@ class DeviceKernelTrainer(DeviceBand):
         kap = torch.where(changed, C - torch.where(fn, self.eta_s * g, 0.0), kap)
         delta = torch.where(changed, (V - self.b) * (fn.to(f64) - fo.to(f64)), 0.0)
         self.u_dev += (self._by_point(J, delta)[:, :n].T @ A) * (self.scale * self.alpha)
-        K = A.shape[1]
-        entries = (changed.sum(dim=1) * (fn.sum(dim=1) + fo.sum(dim=1))).sum() * (K * K)
         allow = self._allow(C, cref, uref)
         key = torch.where(due | bad[:, None], self._keys(J, V, allow, clock), key)
         bandkey = torch.where(banded & live, self._band_keys(beta, allow, clock, D), bandkey)
@@ -469,7 +482,7 @@ class DeviceKernelTrainer(DeviceBand):
         self.J[idx], self.F[idx] = J, fn
         lists = self._fire_lists(idx, fn, J)
         touched = changed.any(dim=1).sum()
-        counts = (bad.sum(), due.sum(), changed.sum(), entries, width, lists, touched)
+        counts = (bad.sum(), due.sum(), changed.sum(), width, lists, touched)
         return counts, skip, (J, fo, fn, changed, A)
 
     # -- the trainer's interface ----------------------------------------------------------
@@ -518,16 +531,17 @@ class DeviceKernelTrainer(DeviceBand):
             head = torch.cat((head, self.u_dev.reshape(-1))).cpu().numpy()
             ndue, nband = int(head[3]), int(head[4])
             self.u = np.array(head[5:].reshape(n, K))  # unless a visit flips a pair
-            totals = np.zeros(6)
+            totals = np.zeros(3)  # re-anchored, values, flips
             while ndue:
                 todo, got = self._visit_due(due, ndue, nband)
-                totals[:4] += got[:4]
-                if got[5] > self.Jf.shape[1]:  # a fire set outgrew the lists: list again
-                    self._widen_lists(int(got[5]) + int(got[5]) // _SLACK)
+                totals += got[:3]
+                width, lists, left = (int(v) for v in got[3:])
+                if lists > self.Jf.shape[1]:  # a fire set outgrew the lists: list again
+                    self._widen_lists(lists + lists // _SLACK)
                     self._fire_lists(torch.arange(self.m, device=self.device), self.F)
-                if got[4] > self.J.shape[1]:  # rows whose new pairs outgrow the width
-                    self._widen(int(got[4]) + int(got[4]) // _SLACK)
-                due, ndue, nband = todo, int(got[6]), int(got[6])
+                if width > self.J.shape[1]:  # rows whose new pairs outgrow the width
+                    self._widen(width + width // _SLACK)
+                due, ndue, nband = todo, left, left
         with self.timer("forward"):
             flips_row, self._flips_next = self._flips_next, int(totals[2])
         return self._row(
@@ -559,12 +573,13 @@ class DeviceKernelTrainer(DeviceBand):
         todo[rows] = torch.cat(skips) if len(skips) > 1 else skips[0]
         head = torch.cat((torch.stack(counts).reshape(-1), todo.sum().reshape(1))).to(self._f64)
         head = torch.cat((head, self.u_dev.reshape(-1))).cpu().numpy()  # one transfer
-        per = head[: 7 * len(counts)].reshape(len(counts), 7)
-        for (touched, entries), (J, fo, fn, changed, A) in zip(per[:, [6, 3]], flips, strict=True):
-            self._change_counts(J, fo, fn, changed, A, int(touched), int(entries))
-        self.u = np.array(head[7 * len(counts) + 1 :].reshape(self.n, -1))
-        total = np.concatenate((per[:, :4].sum(axis=0), per[:, 4:6].max(axis=0)))
-        return todo, np.append(total, head[7 * len(counts)])
+        k = len(counts)
+        per = head[: 6 * k].reshape(k, 6)
+        for (touched, flipped), (J, fo, fn, changed, A) in zip(per[:, [5, 2]], flips, strict=True):
+            self._change_counts(J, fo, fn, changed, A, int(touched), int(flipped))
+        self.u = np.array(head[6 * k + 1 :].reshape(self.n, -1))
+        total = np.concatenate((per[:, :3].sum(axis=0), per[:, 3:5].max(axis=0)))
+        return todo, np.append(total, head[6 * k])
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         names = ("J", "uref", "cref", "kappa", "F", "beta", "sigma", "key", "bandkey", "clock")
