@@ -702,7 +702,69 @@ def gpu_runs(res: dict) -> str:
             "",
             _table(["workload", "threads", "dense numpy", "corrtree", "vs dense"], cpu_rows),
         ]
-    return "\n".join(out)
+    return "\n".join(out + gpu_model(res))
+
+
+def gpu_model(res: dict) -> list[str]:
+    """The device's measured rates beside the stored ones, and the model's predictions
+    of the runs measured (``bench_gpu.py``'s model checks), as lines of text."""
+    got = res.get("rates_measured") or {}
+    if "rates" not in got:
+        why = got.get("error", "not measured") if got else "not measured"
+        return ["", f"Rates of the device: {why}."]
+    stored = res.get("rates_stored", {})
+    names = {
+        "flops64_per_s": "float64 GEMM flop/s",
+        "flops32_per_s": "float32 GEMM flop/s",
+        "gathers_per_s": "gathered entries/s",
+        "scatters_per_s": "accumulated entries/s",
+        "bytes_per_s": "bytes streamed/s",
+        "launch_s": "a launch (s)",
+        "sync_s": "a synchronization (s)",
+    }
+    rows = [
+        [label, f"{got['rates'][k]:.3g}", f"{stored[k]:.3g}" if k in stored else "–"]
+        for k, label in names.items()
+    ]
+    out = [
+        "",
+        f"The device's primitive rates measured in this run ({got.get('how', '')}) beside "
+        "those the package prices with (`device_rates.json`; `bench_gpu.py --set-rates` "
+        "stores the measured ones):",
+        "",
+        _table(["rate", "measured", "stored"], rows),
+    ]
+    rows = []
+    for name, r in res["results"].items():
+        check = r.get("model") or {}
+        for method, v in check.items():
+            if not isinstance(v, dict):
+                continue
+            what = f"first {v['steps']} steps with set-up" if "steps" in v else "whole run"
+            rows.append(
+                [
+                    name,
+                    method,
+                    what,
+                    f"{v['measured_s']:.3g} s",
+                    f"{v['predicted_s']:.3g} s",
+                    f"{v['ratio']:.2f}" if v.get("ratio") is not None else "–",
+                ]
+            )
+    if rows:
+        out += [
+            "",
+            "The model against the device: each run counted again operation by operation "
+            "and priced with the measured rates (`corrtree.bench.device_count`), against "
+            "what the same steps took in the run above (PyTorch: its step counted on the "
+            "host, scaled to the width):",
+            "",
+            _table(
+                ["workload", "method", "steps", "measured", "predicted", "predicted / measured"],
+                rows,
+            ),
+        ]
+    return out
 
 
 def losses(res: dict) -> str:

@@ -182,6 +182,14 @@ def test_gpu_benchmark_runs_on_the_cpu(tmp_path, monkeypatch):
     assert runs["dense"]["lr"] == pytest.approx(runs["auto"]["lr"])
     cpu = res["results"]["W5"]["cpu"]["1"]
     assert cpu["dense"]["total_s"] > 0 and cpu["lazy"]["total_s"] > 0
+    # the device's rates measured first, and the model's predictions of the runs
+    assert set(res["rates_measured"]["rates"]) == set(res["rates_stored"])
+    check = res["results"]["W5"]["model"]
+    assert check["rates"] == "measured"
+    for method in ("dense", "lazy", "kernel", "torch float64"):
+        assert check[method]["predicted_s"] > 0 and check[method]["ratio"] > 0, method
+    assert check["kernel"]["steps"] == len(check["kernel"]["launches"]) > 1
+    assert "model" not in res["results"]["W1 lr/2"] or not res["results"]["W1 lr/2"]["model"]
     # the README's table of the JSON (benchmarks/tables.py)
     import importlib.util
     from pathlib import Path
@@ -192,6 +200,7 @@ def test_gpu_benchmark_runs_on_the_cpu(tmp_path, monkeypatch):
     spec.loader.exec_module(tables)
     text = tables.gpu_table(str(tmp_path), "tiny")
     assert "| W1 lr/2 |" in text and "| W5 | 1 |" in text
+    assert "| W5 | kernel | first " in text and "| float64 GEMM flop/s |" in text
 
 
 @pytest.mark.parametrize("method", ["lazy", "kernel"])

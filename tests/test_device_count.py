@@ -216,3 +216,58 @@ def test_device_kernel_changes_counts_either_way_without_a_synchronization(monke
     scattered = sum(c.scatters for c in got["steps"][3:])  # accumulated into N
     gemm32 = sum(c.flops32 for c in got["steps"][3:])  # the count GEMMs
     assert (scattered > 0 and gemm32 == 0) if rates == "scatters" else (gemm32 > 0 == scattered)
+
+
+def test_counter_on_a_real_device_counts_its_tensors_only():
+    """Counting where the device is real (here the ``meta`` device, which runs no
+    arithmetic): operations on its tensors are launches with their work, the host's own
+    tensors are not counted, a host number passed to an operation is no upload, and a
+    host tensor sent there is one."""
+    A = torch.ones((8, 5), dtype=torch.float64, device="meta")
+    B = torch.ones((5, 3), dtype=torch.float64, device="meta")
+    with dc.OpCounter(real=True) as counter:
+        C = A @ B
+        D = torch.where(C > 0, C, 0.0)  # the 0.0: an argument, not an upload
+        host = torch.ones(6) * 2.0  # the host's arithmetic
+        sent = torch.arange(4.0).to("meta")  # an upload
+    c = counter.counts
+    assert D.device.type == "meta" and host.device.type == "cpu" and sent.numel() == 4
+    assert c.flops64 == 2 * 8 * 3 * 5
+    assert c.uploads == 1 and c.upload_bytes == 4 * 4
+    assert c.launches == 3 + 1  # mm, gt, where; the upload
+    assert c.syncs == 0
+
+
+def test_device_rates_are_measured_stored_and_read_back(tmp_path):
+    """``measure_rates`` (the small size, on the CPU) gives every rate the model prices
+    with, positive and finite; ``set_rates`` stores a run's measured rates (read back by
+    the package's reader, the other kinds kept) and refuses, in one line, a run without
+    them or with a rate that is not positive; the package's own file holds them all."""
+    import json
+
+    from corrtree import _config
+    from corrtree.bench import rates
+
+    got = rates.measure_rates("cpu", "small")
+    assert set(got["rates"]) == set(_config.RATE_NAMES) == set(dc.H200)
+    assert all(math.isfinite(v) and v > 0 for v in got["rates"].values())
+    assert _config.device_rates()["cuda"]["flops64_per_s"] == dc.H200["flops64_per_s"]
+    store = tmp_path / "device_rates.json"
+    store.write_text(json.dumps({"other": {**dc.H200, "date": "then"}}))
+    result = tmp_path / "gpu_large.json"
+    result.write_text(json.dumps({"rates_measured": got}))
+    stored = rates.set_rates(result, store)
+    assert {k: stored["cuda"][k] for k in dc.H200} == pytest.approx(got["rates"])
+    assert stored["other"]["date"] == "then" and stored["cuda"]["measured_on"].startswith("cpu")
+    assert _config.device_rates(store) == stored
+    result.write_text(json.dumps({"rates_measured": {"error": "RuntimeError: no device"}}))
+    with pytest.raises(ValueError, match=r"no measured rates \(RuntimeError"):
+        rates.set_rates(result, store)
+    result.write_text(json.dumps({"rates_measured": {"rates": {**got["rates"], "sync_s": 0}}}))
+    with pytest.raises(ValueError, match="sync_s"):
+        rates.set_rates(result, store)
+    store.write_text(json.dumps({"cuda": {"launch_s": 1e-6}}))
+    with pytest.raises(ValueError, match="flops64_per_s"):
+        _config.device_rates(store)
+    with pytest.raises(ValueError, match="size"):
+        rates.measure_rates("cpu", "huge")

@@ -7,6 +7,11 @@ also exact, only slower).  See ``docs/design.md`` for the bounds they guard.
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+from typing import Any
+
 from ._validation import available_memory
 
 # -- rounding margins (certificates stay upper bounds under float64 rounding) -------
@@ -314,27 +319,59 @@ DEVICE_VISIT_OPS = 285
 #: coherent data (image patches: hundreds) λ_max is near the trace and the triangle
 #: bound is as good.
 DEVICE_SIGMA_POINTS = 64
+#: The file of the measured device rates (:func:`device_rates`): written by
+#: ``bench_gpu.py --set-rates`` from a benchmark run on the device.
+DEVICE_RATES_FILE = Path(__file__).with_name("device_rates.json")
+#: The rates' names in :data:`DEVICE_RATES_FILE` (what ``corrtree.bench.device_count``
+#: prices counts with) and in :data:`DEVICE_RATES`.
+RATE_NAMES = {
+    "flops64_per_s": "flops64",
+    "flops32_per_s": "flops32",
+    "gathers_per_s": "gathers",
+    "scatters_per_s": "scatters",
+    "bytes_per_s": "bytes",
+    "sync_s": "sync",
+    "launch_s": "launch",
+}
+
+
+def device_rates(path: str | Path = DEVICE_RATES_FILE) -> dict[str, Any]:
+    """The measured device rates in ``path`` (JSON: by device type, the rates of
+    :data:`RATE_NAMES`, each positive and finite, and where, how and when they were
+    measured: ``measured_on``, ``how``, ``date``); a file that does not hold them is
+    refused in one line."""
+    with open(path, encoding="utf-8") as fh:
+        data = json.load(fh)
+    for kind, rates in data.items():
+        if not isinstance(rates, dict):
+            raise ValueError(f"{path}: {kind} must map rate names to numbers")
+        missing = sorted(set(RATE_NAMES) - set(rates))
+        bad = [k for k in RATE_NAMES if k in rates and not _positive(rates[k])]
+        if missing or bad:
+            raise ValueError(
+                f"{path}: the {kind} rates must give {', '.join(missing + bad)} "
+                "as positive finite numbers"
+            )
+    return data
+
+
+def _positive(v: Any) -> bool:
+    return isinstance(v, int | float) and math.isfinite(v) and v > 0
+
+
 #: The rates the device kernel trainer prices its choices with, by device type: float64
 #: and float32 GEMM flops, gathered and scattered (accumulated) entries, and bytes
 #: streamed, each a second, and the seconds of a host synchronization and of a launch.
 #: A visit's flips change ``N`` entry by entry (``2·Q·K²`` scattered additions a flip)
 #: or by float32 GEMMs of the flipped rows' fire sets
-#: (``DeviceKernelTrainer._change_counts``).  ``cuda``: measured on an H200
-#: (``G = XXᵀ`` at n = 2048, d = 768 in float64 in 0.12 ms; 14 M gathers from a resident
-#: ``G`` with a row sum in 0.42 ms, 3.6 ms through a deterministic ``index_add_``; the
-#: rates of ``corrtree.bench.device_count.H200``); ``cpu``: torch on the 2-core machines
-#: of the benchmarks (a 2048 × 768 × 2048 float64 GEMM in about 0.1 s; advanced indexing
-#: at about 1e8 entries a second, ``index_put_`` with accumulation at a fifth of that).
+#: (``DeviceKernelTrainer._change_counts``).  ``cuda``: measured on an H200, read from
+#: :data:`DEVICE_RATES_FILE` (``G = XXᵀ`` at n = 2048, d = 768 in float64 in 0.12 ms;
+#: 14 M gathers from a resident ``G`` with a row sum in 0.42 ms, 3.6 ms through a
+#: deterministic ``index_add_``); ``cpu``: torch on the 2-core machines of the
+#: benchmarks (a 2048 × 768 × 2048 float64 GEMM in about 0.1 s; advanced indexing at
+#: about 1e8 entries a second, ``index_put_`` with accumulation at a fifth of that).
 DEVICE_RATES = {
-    "cuda": {
-        "flops64": 53.7e12,
-        "flops32": 52.6e12,
-        "gathers": 33e9,
-        "scatters": 33e9 / 8.5,
-        "bytes": 4.1e12,
-        "sync": 22.5e-6,
-        "launch": 7.5e-6,
-    },
+    "cuda": {short: float(device_rates()["cuda"][name]) for name, short in RATE_NAMES.items()},
     "cpu": {
         "flops64": 5e10,
         "flops32": 1e11,

@@ -34,11 +34,13 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+
+from .. import _config
 
 __all__ = [
     "H200",
@@ -52,21 +54,15 @@ __all__ = [
     "validate_dense",
 ]
 
-#: Primitive rates of one NVIDIA H200 (PyTorch 2.11, CUDA events, median of 20;
-#: ``docs/design.md``, "The array path"): ``G = XXᵀ`` at n = 2048, d = 768 in float64 took
-#: 0.12 ms (53.7 Tflop/s); W4's float32 set-up GEMM 2^18×784×4096 32 ms (52.6 Tflop/s);
-#: 14 M gathers from a resident G plus a row sum 0.42 ms (3.3e10 entries/s); launches
-#: 5-10 µs and synchronizations 15-30 µs (the middle of each is taken).  The memory
-#: bandwidth is the datasheet's 4.8 TB/s de-rated to what streaming kernels reach
-#: (about 85%): not measured.
+#: Primitive rates of one NVIDIA H200, as the device trainers price their choices with
+#: them (:func:`corrtree._config.device_rates`, the package's ``device_rates.json``,
+#: which says how they were measured; ``bench_gpu.py`` measures them again on its device,
+#: :func:`~.rates.measure_rates`, and ``--set-rates`` stores what it found): float64 and
+#: float32 GEMM flops, gathered entries from a resident matrix and accumulated ones
+#: (a deterministic ``index_add_``), bytes streamed, each a second; the seconds of a
+#: launch and of a host synchronization.
 H200: dict[str, float] = {
-    "flops64_per_s": 53.7e12,
-    "flops32_per_s": 52.6e12,
-    "gathers_per_s": 3.3e10,
-    "scatters_per_s": 3.3e10 / 8.5,  # deterministic index_add_: 8.5× a gather (3.6 ms)
-    "bytes_per_s": 4.1e12,
-    "launch_s": 7.5e-6,
-    "sync_s": 22.5e-6,
+    name: float(_config.device_rates()["cuda"][name]) for name in _config.RATE_NAMES
 }
 
 #: PyTorch dense float64 gradient descent measured on one H200 (explicit gradients, whole
@@ -228,8 +224,11 @@ class OpCounter:
     duration.
     """
 
-    def __init__(self, rates: dict[str, float] | None = None) -> None:
+    def __init__(self, rates: dict[str, float] | None = None, real: bool = False) -> None:
         self.rates = H200 if rates is None else rates
+        #: counting on a real device: a host tensor is a CPU tensor (a 0-dim one is an
+        #: operation's argument, not an upload), and transfers are the library's own
+        self.real = real
         self.counts = Counts()
         self._mode: Any = None
         self._saved: list[tuple[Any, str, Any]] = []
@@ -240,7 +239,13 @@ class OpCounter:
         name = func.overloadpacket.__name__
         c, r = self.counts, self.rates
         inputs = list(_tensors((args, kwargs)))
-        host = [t for t in inputs if _is_host(t)]
+        if self.real:  # a host operation touches no device tensor
+            if not any(t.device.type != "cpu" for t in (*inputs, *_tensors(out))):
+                return
+            inputs = [t for t in inputs if t.device.type != "cpu" or t.dim() > 0]
+            host = [t for t in inputs if t.device.type == "cpu"]
+        else:
+            host = [t for t in inputs if _is_host(t)]
         if host and len(host) == len(inputs):  # the host's own arithmetic
             for t in _tensors(out):
                 _mark_host(t)
@@ -298,7 +303,45 @@ class OpCounter:
             c.bytes += moved
             c.work_s += moved / r["bytes_per_s"]
 
+    def _wrap_real(self, owner: Any, attr: str, kind: str) -> None:
+        """:meth:`_wrap` on a real device: the call itself, counted where it crosses
+        between the host and the device."""
+        original = getattr(owner, attr)
+        counter = self
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            c = counter.counts
+            with _disable_current_modes():
+                out = original(*args, **kwargs)
+            if kind in ("download", "to_host"):
+                if args[0].device.type != "cpu":
+                    c.syncs += 1
+                    c.launches += 1
+            elif kind == "to":
+                if args[0].device.type == "cpu" and out.device.type != "cpu":
+                    if kwargs.get("non_blocking", False):
+                        c.queued_uploads += 1
+                    else:
+                        c.uploads += 1
+                    c.launches += 1
+                    c.upload_bytes += _nbytes(out)
+            elif kind == "upload":
+                for t in _tensors(out):
+                    if t.device.type != "cpu":
+                        c.uploads += 1
+                        c.launches += 1
+                        c.upload_bytes += _nbytes(t)
+            return out
+
+        self._saved.append((owner, attr, original))
+        setattr(owner, attr, wrapped)
+
     def _wrap(self, owner: Any, attr: str, kind: str) -> None:
+        if self.real:
+            self._wrap_real(owner, attr, kind)
+            return
         original = getattr(owner, attr)
         counter = self
 
@@ -390,9 +433,12 @@ def modelled_seconds(c: Counts, rates: dict[str, float] | None = None) -> float:
     )
 
 
-def count_dense_step(n: int, d: int, K: int, m: int, seed: int = 0) -> Counts:
+def count_dense_step(
+    n: int, d: int, K: int, m: int, seed: int = 0, rates: dict[str, float] | None = None
+) -> Counts:
     """The counts of one step of PyTorch's dense loop (:func:`~.gpu.torch_dense`, float64)
-    at ``(n, d, K, m)``, on the CPU."""
+    at ``(n, d, K, m)``, on the CPU, its work priced with ``rates`` (:data:`H200` by
+    default)."""
     import torch
 
     from .gpu import dense_step
@@ -404,7 +450,7 @@ def count_dense_step(n: int, d: int, K: int, m: int, seed: int = 0) -> Counts:
     W = torch.as_tensor(rng.standard_normal((m, d)))
     b = math.sqrt(0.4 * math.log(m))
     dense_step(W, X, Y, A, b, 1e-3)  # warm: the first call allocates
-    with OpCounter() as counter:
+    with OpCounter(rates) as counter:
         dense_step(W, X, Y, A, b, 1e-3)
     return counter.counts
 
@@ -434,7 +480,6 @@ def _h200_memory(free: float = 139.0 * 2**30) -> Iterator[None]:
     answer ``free`` (the counting sizes are chosen to fit this host); and their choices
     priced with its rates (:data:`~corrtree._config.DEVICE_RATES`: a counted ``cpu``
     tensor stands for a ``cuda`` one)."""
-    from .. import _config
     from ..training import device_band, device_dense, device_kernel
 
     modules = (device_band, device_dense, device_kernel)
@@ -452,10 +497,20 @@ def _h200_memory(free: float = 139.0 * 2**30) -> Iterator[None]:
 
 
 def count_train(
-    train: Callable[..., Any], model: Any, X: np.ndarray, Y: np.ndarray, **kwargs: Any
+    train: Callable[..., Any],
+    model: Any,
+    X: np.ndarray,
+    Y: np.ndarray,
+    device: Any = "cpu",
+    rates: dict[str, float] | None = None,
+    as_h200: bool | None = None,
+    **kwargs: Any,
 ) -> dict[str, Any]:
-    """``train(model, X, Y, device="cpu", **kwargs)`` counted step by step: the counts of
-    the set-up with the first step, then of each later step, and the wall time here."""
+    """``train(model, X, Y, device=device, **kwargs)`` counted step by step: the counts
+    of the set-up with the first step, then of each later step (work priced with
+    ``rates``, :data:`H200` by default), and the wall time.  With ``as_h200`` (the
+    default on ``"cpu"``) the trainers size their chunks and price their choices as on
+    an H200 (:func:`_h200_memory`); else as they do where they run."""
     steps: list[Counts] = []
     last = Counts()
 
@@ -465,9 +520,14 @@ def count_train(
         steps.append(now - last)
         last = now
 
+    real = str(device) != "cpu"
+    as_h200 = not real if as_h200 is None else as_h200
     t0 = time.perf_counter()
-    with _h200_memory(), OpCounter() as counter:
-        hist = train(model, X, Y, device="cpu", callback=mark, **kwargs)
+    with (
+        _h200_memory() if as_h200 else nullcontext(),
+        OpCounter(rates, real=real) as counter,
+    ):
+        hist = train(model, X, Y, device=device, callback=mark, **kwargs)
     return {"steps": steps, "history": hist, "wall_s": time.perf_counter() - t0}
 
 
@@ -497,10 +557,12 @@ STEP_TARGETS = {
 }
 
 
-def _whole(steps: list[Counts], iters: int) -> tuple[float, bool]:
+def _whole(
+    steps: list[Counts], iters: int, rates: dict[str, float] | None = None
+) -> tuple[float, bool]:
     """Modelled seconds of a whole run from its counted steps (the rest at the median of
     the last five counted) and whether it was extrapolated."""
-    per = [modelled_seconds(c) for c in steps]
+    per = [modelled_seconds(c, rates) for c in steps]
     rest = iters - len(per)
     return sum(per) + max(0, rest) * float(np.median(per[-5:])), rest > 0
 

@@ -32,6 +32,8 @@ from .._device import synchronize
 from ..model import TwoLayerReLU
 from ..training import train
 from ._util import in_child, print_table, save_result
+from .device_count import H200
+from .rates import measure_rates
 from .workloads import WORKLOADS, load, one_run
 
 __all__ = ["SIZES", "run"]
@@ -49,6 +51,8 @@ SIZES: dict[str, dict[str, Any]] = {
         "cpu_budget_s": 10.0,
         "device_budget_s": 8.0,
         "threads": (2, 1),
+        "rates_size": "small",
+        "model_steps": {"W1": 4, "W5": 4},
     },
     "large": {
         "device": "cuda",
@@ -61,6 +65,9 @@ SIZES: dict[str, dict[str, Any]] = {
         "cpu_budget_s": 8.0,
         "device_budget_s": 8.0,
         "threads": (None, 2),  # None: every core
+        "rates_size": "large",
+        # the steps a model check counts (:func:`_model_check`), by workload
+        "model_steps": {"W1": 12, "W2": 8, "W3": 8, "W4": 6, "W5": 12},
     },
 }
 SEED = 7
@@ -160,6 +167,9 @@ def device_run(X, Y, model, method, lr, iters, measured, device, budget_s) -> di
         "extrapolated": steps < iters,
         "first_loss": float(hist.loss[0]),
         "loss": [float(v) for v in hist.loss[:5]],
+        "lr_s": float(hist.info.get("lr_s", 0.0)),
+        # the first steps' times, against which a model check sets its prediction
+        "iteration_times": [float(v) for v in times[:40]],
     }
 
 
@@ -198,6 +208,10 @@ PLAN_LIMIT_S = 480.0
 #: run's fresh process (imports, the kernels loaded from the cache, ``G``, the set-up).
 DEVICE_SETUP_S = 2.0
 CPU_SETUP_S = 10.0
+#: Planned seconds of measuring the device's rates, and of one counted run of a model
+#: check (:func:`_model_check`: a set-up and a few steps, each operation counted).
+RATES_S = 20.0
+MODEL_CHECK_S = 4.0
 
 
 def plan(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -220,8 +234,11 @@ def plan(cfg: dict[str, Any]) -> dict[str, Any]:
         torch_s += 3 * (cfg["measured"] + 1) * modelled_seconds(step)
     methods = 4  # dense, lazy, kernel, auto
 
+    checks = len(cfg.get("model_steps", {})) * (methods - 1) * MODEL_CHECK_S
+
     def total(c: dict[str, Any]) -> float:
         device = len(cases) * methods * (c["device_budget_s"] + DEVICE_SETUP_S)
+        device += RATES_S + checks
         cpu = len(c["cpu_cases"]) * len(c["threads"]) * 2 * (c["cpu_budget_s"] + CPU_SETUP_S)
         return device + cpu + torch_s
 
@@ -255,18 +272,24 @@ def run(size: str = "large", out_dir: str = "benchmarks/results") -> dict[str, A
         train(tiny, warm_X, warm_Y, method=method, iters=3, device=dev)
     torch_dense(warm_X, warm_Y, tiny, 0.1, 3, 1, dev, "float64")
     results: dict[str, Any] = {}
+    # the device's own rates first: the model checks price their counts with them
+    measured = _guarded(measure_rates, dev, cfg["rates_size"])
+    print("rates measured:", measured.get("rates", measured), flush=True)
     payload = {
         "size": size,
         "device": str(dev),
         "device_name": _device_name(dev),
         "plan": {k: v for k, v in planned.items() if k != "cfg"},
+        "rates_stored": H200,
+        "rates_measured": measured,
     }
     cases = _cases(cfg)
     for name, case in cases.items():  # the device first; saved after every workload
         if cfg.get("cases") and name not in cfg["cases"]:
             continue
         t0 = time.perf_counter()
-        results[name] = _guarded(_on_device, name, case, cfg, dev, methods)
+        rates = measured.get("rates")
+        results[name] = _guarded(_on_device, name, case, cfg, dev, methods, rates)
         results[name]["bench_s"] = time.perf_counter() - t0
         save_result(out_dir, f"gpu_{size}", {**payload, "results": results})
     for name in results:  # then the CPU's threads, slower, on some workloads
@@ -307,8 +330,12 @@ def _guarded(fn, *args) -> dict[str, Any]:
         return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
 
 
-def _on_device(name: str, case: dict[str, Any], cfg: dict[str, Any], dev, methods) -> dict:
-    """One workload on the device: corrtree's methods and PyTorch dense, side by side."""
+def _on_device(
+    name: str, case: dict[str, Any], cfg: dict[str, Any], dev, methods, rates=None
+) -> dict:
+    """One workload on the device: corrtree's methods and PyTorch dense, side by side;
+    then the model's predictions of them (:func:`_model_check`, priced with the
+    device's measured ``rates``, the stored ones when ``None``)."""
     X, Y = _data(case, cfg["scale_n"])
     m = max(256, int(case["m"] * cfg["scale_m"]))
     iters = cfg["iters"] or case["iters"]
@@ -354,7 +381,65 @@ def _on_device(name: str, case: dict[str, Any], cfg: dict[str, Any], dev, method
             runs[method]["first_loss_agrees"] = gap <= 1e-9
             runs[method]["first_loss_gap"] = gap
     print(name, {k: round(v.get("total_s", np.nan), 3) for k, v in runs.items()}, flush=True)
-    return {"m": m, "n": X.shape[0], "iters": iters, "runs": runs, "cpu": {}}
+    steps = cfg.get("model_steps", {}).get(name)
+    check = (
+        _guarded(_model_check, X, Y, base, runs, iters, steps, dev, rates)
+        if steps and lr is not None
+        else {}
+    )
+    return {"m": m, "n": X.shape[0], "iters": iters, "runs": runs, "cpu": {}, "model": check}
+
+
+def _model_check(X, Y, base, runs, iters, steps, dev, rates) -> dict[str, Any]:
+    """What the model predicts for the runs just measured, against what they took.
+
+    Each device method that ran is run again for its first ``steps`` steps with every
+    operation counted (:func:`~.device_count.count_train`, at the run's learning rate)
+    and priced with ``rates`` (the device's measured ones; the stored
+    :data:`~.device_count.H200` when ``None``); the prediction of those steps, set-up
+    included, against their measured time in the run (its set-up without ``lr="auto"``,
+    and its first ``steps`` iterations).  PyTorch dense float64: one step counted on the
+    host at width 1024, scaled to the width (as :func:`~.device_count.validate_dense`),
+    times the iterations, against its run.  Returns ``{method: {"predicted_s",
+    "measured_s", "ratio", ...}}``."""
+    from .device_count import count_dense_step, count_train, modelled_seconds
+
+    priced = rates if rates is not None else H200
+    out: dict[str, Any] = {"rates": "measured" if rates is not None else "stored"}
+    for method in ("dense", "lazy", "kernel"):
+        run = runs.get(method, {})
+        times = run.get("iteration_times")
+        if "error" in run or not times:
+            continue
+        k = min(steps, len(times))
+        model = TwoLayerReLU(base.W, base.a, base.b)
+        got = count_train(
+            train, model, X, Y, device=dev, rates=priced, as_h200=False, method=method,
+            lr=run["lr"], iters=k,
+        )  # fmt: skip
+        del model
+        predicted = sum(modelled_seconds(c, priced) for c in got["steps"][:k])
+        measured = run["setup_s"] - run.get("lr_s", 0.0) + sum(times[:k])
+        out[method] = {
+            "steps": k,
+            "predicted_s": predicted,
+            "measured_s": measured,
+            "ratio": predicted / measured if measured > 0 else None,
+            "launches": [c.launches for c in got["steps"][:k]],
+            "syncs": [c.syncs for c in got["steps"][:k]],
+        }
+    ref = runs.get("torch float64", {})
+    if "total_s" in ref:
+        n, d = X.shape
+        K = Y.shape[1] if Y.ndim > 1 else 1
+        step = count_dense_step(n, d, K, 1024, rates=priced).scaled(base.m / 1024)
+        predicted = modelled_seconds(step, priced) * iters
+        out["torch float64"] = {
+            "predicted_s": predicted,
+            "measured_s": ref["total_s"],
+            "ratio": predicted / ref["total_s"],
+        }
+    return out
 
 
 def _sketch(model: TwoLayerReLU) -> list[float]:
