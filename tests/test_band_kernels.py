@@ -488,7 +488,17 @@ def test_weights_forward_and_firing_csr_against_brute_force():
         if pool.fire[q]
     ]
     u = _pairs.forward(np.arange(st.m), st.seg, pool, st.a, st.b, 1 / np.sqrt(st.m), st.n)
-    np.testing.assert_allclose(u, outputs_from_values(firing, st.a, st.b, st.n, st.m), atol=1e-13)
+    want_u = outputs_from_values(firing, st.a, st.b, st.n, st.m)
+    np.testing.assert_allclose(u, want_u, atol=1e-13)
+    # the lazy trainer's way: shares of two sets of neurons in fixed chunks, summed
+    first, rest = np.arange(0, st.m, 2), np.arange(1, st.m, 2)
+    parts = _pairs.firing_sums(first, st.seg, pool, st.a, st.b, st.n)
+    more = _pairs.firing_sums(rest, st.seg, pool, st.a, st.b, st.n)
+    assert parts.shape == (min(first.shape[0], 64), st.n, st.a.shape[1])
+    u2 = _pairs.sum_parts(parts, more, 1 / np.sqrt(st.m))
+    np.testing.assert_allclose(u2, want_u, atol=1e-13)
+    none = _pairs.firing_sums(first[:0], st.seg, pool, st.a, st.b, st.n)
+    assert none.shape[0] == 1 and not none.any()
     indptr, idx = st.firing_csr()
     keys = np.sort([r * st.n + j for r, j, _ in firing]).astype(np.int64)
     want = keys_to_csr(keys, st.m, st.n)

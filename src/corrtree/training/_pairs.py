@@ -30,6 +30,7 @@ from .._prefetch import prefetch2d
 from ._pool import BETA, CNT, DRIFT, MINKEY, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP
 
 __all__ = [
+    "add_firing",
     "by_data",
     "coef",
     "coefficients",
@@ -37,6 +38,7 @@ __all__ = [
     "dot_row",
     "eval_ever",
     "evaluate_neuron",
+    "firing_sums",
     "flip",
     "form_move",
     "forward",
@@ -50,6 +52,7 @@ __all__ = [
     "safe_norm",
     "set_keys",
     "sigma",
+    "sum_parts",
     "trace_sigma",
 ]
 
@@ -510,36 +513,59 @@ def refresh_keys(rows, seg, nf, pool, xnorm, b):
         set_keys(rows[k], seg, nf, pool, xnorm, b)
 
 
-@njit(cache=True, parallel=True)
 def forward(neurons, seg, pool, a, b, scale, n):
     """``u = scale · Σ_r a_r (U_rj - b)`` over the firing pairs of ``neurons``.
 
-    Summed in a fixed number of chunks so the result does not depend on
-    thread scheduling.  O(Σ_r |prefix_r|·K).
+    Summed in fixed chunks (:func:`firing_sums`, :func:`sum_parts`) so the result does
+    not depend on thread scheduling.  O(Σ_r |prefix_r|·K).
     """
+    parts = firing_sums(neurons, seg, pool, a, b, n)
+    return sum_parts(parts, parts[:0], scale)
+
+
+@njit(cache=True, inline="always")
+def add_firing(part, r, seg, ej, val, fire, a, b):
+    """``part[j] += a_r·(U_rj - b)`` over the firing pairs of neuron ``r`` (its
+    ever-fired prefix, in pool order).  O(|prefix_r|·K)."""
+    s0 = seg[r, START]
+    for q in range(s0, s0 + seg[r, SUPP]):
+        if fire[q]:
+            z = val[q] - b
+            j = ej[q]
+            for kk in range(a.shape[1]):
+                part[j, kk] += a[r, kk] * z
+
+
+@njit(cache=True, parallel=True)
+def firing_sums(neurons, seg, pool, a, b, n):
+    """``Σ_r a_r (U_rj - b)`` over the firing pairs of ``neurons``, unscaled, in
+    ``min(len(neurons), FORWARD_CHUNKS)`` fixed chunks (at least one): an array
+    ``(chunks, n, K)`` for :func:`sum_parts`.  O(Σ_r |prefix_r|·K)."""
     ej, val, fire = pool.j, pool.val, pool.fire
-    K = a.shape[1]
-    parts = np.empty((_CHUNKS, n, K))
-    size = (neurons.shape[0] + _CHUNKS - 1) // _CHUNKS
-    for c in prange(_CHUNKS):
+    count = neurons.shape[0]
+    chunks = max(1, min(count, _CHUNKS))
+    parts = np.empty((chunks, n, a.shape[1]))
+    for c in prange(chunks):
         part = parts[c]
         part[:] = 0.0
-        for k in range(c * size, min((c + 1) * size, neurons.shape[0])):
-            r = neurons[k]
-            s0 = seg[r, START]
-            for p in range(seg[r, SUPP]):
-                q = s0 + p
-                if fire[q]:
-                    z = val[q] - b
-                    j = ej[q]
-                    for kk in range(K):
-                        part[j, kk] += a[r, kk] * z
+        for k in range(c * count // chunks, (c + 1) * count // chunks):
+            add_firing(part, neurons[k], seg, ej, val, fire, a, b)
+    return parts
+
+
+@njit(cache=True, parallel=True)
+def sum_parts(parts, more, scale):
+    """``u = scale·(Σ_c parts[c] + Σ_c more[c])``, the chunks in a fixed order (the
+    result does not depend on thread scheduling).  O((chunks)·n·K)."""
+    n, K = parts.shape[1], parts.shape[2]
     u = np.empty((n, K))
-    for j in prange(n):  # the chunks in a fixed order
+    for j in prange(n):
         for kk in range(K):
             t = 0.0
-            for c in range(_CHUNKS):
+            for c in range(parts.shape[0]):
                 t += parts[c, j, kk]
+            for c in range(more.shape[0]):
+                t += more[c, j, kk]
             u[j, kk] = t * scale
     return u
 

@@ -19,6 +19,7 @@ from .._validation import available_memory
 from ._anchors import BandState
 from ._base import Trainer
 from ._pairs import (
+    add_firing,
     by_data,
     coefficients,
     dot_row,
@@ -77,7 +78,7 @@ def choose_storage(n: int, m: int, gemm_dtype: str) -> str:
 
 
 @njit(cache=True, parallel=True, fastmath={"reassoc", "contract"})
-def evaluate_rows(rows, seg, nf, pool, a, E, err, G, X, xnorm, sc, rec, out):
+def evaluate_rows(rows, seg, nf, pool, a, E, err, G, X, xnorm, sc, rec, out, parts):
     """Bring neurons ``rows`` to the current time: the step both band trainers share.
 
     For each ``r = rows[k]``, :func:`~._pairs.evaluate_neuron` evaluates and
@@ -87,19 +88,31 @@ def evaluate_rows(rows, seg, nf, pool, a, E, err, G, X, xnorm, sc, rec, out):
     non-empty; ``out.nflips[k]`` is their number and ``out.nevals[k]`` the number of
     pairs evaluated.  ``out.again[k]`` says the neuron must be re-anchored
     (:func:`~._pairs.needs_reanchor`).  ``sc``: :data:`~._records.EvalScalars`.
+
+    With ``parts`` of shape ``(P, n, K)`` (``P > 0``) the rows run in ``min(len(rows),
+    P)`` fixed chunks and ``parts[c]`` becomes chunk ``c``'s share of the outputs,
+    ``Σ_r a_r (U_rj - b)`` over the firing pairs of its rows that need no re-anchoring,
+    added while their values are in cache (the other slots are zeroed): the lazy
+    trainer's forward pass without a second walk over the pool (``docs/design.md``,
+    "The lazy trainer").
     """
-    ej = pool.j
+    ej, val, fire = pool.j, pool.val, pool.fire
     record = rec.j.shape[0] > 0
     # the fields are read before the parallel loop: numba's parfors lose writes to an
     # array read from a namedtuple inside the loop (numba 0.68)
     start, nflips, nevals, again = rec.start, out.nflips, out.nevals, out.again
-    scatter, R = sc.scatter, sc.R
+    scatter, R, b = sc.scatter, sc.R, sc.b
     d = X.shape[1]
     nrows = rows.shape[0]
-    chunks = min(nrows, _EVALUATE_CHUNKS)
+    summed = parts.shape[0] > 0
+    chunks = min(nrows, parts.shape[0] if summed else _EVALUATE_CHUNKS)
+    for c in range(chunks, parts.shape[0]):
+        parts[c] = 0.0
     for c in prange(chunks):
         dw = np.empty(d)  # the move of a neuron, when its values come from the data
         scratch = np.empty((2, G.shape[0]))  # its coefficient changes (|prefix| <= n)
+        if summed:
+            parts[c] = 0.0
         for k in range(c * nrows // chunks, (c + 1) * nrows // chunks):
             r = rows[k]
             if k + 1 < nrows and not by_data(d, seg[rows[k + 1], SUPP], scatter):
@@ -110,6 +123,8 @@ def evaluate_rows(rows, seg, nf, pool, a, E, err, G, X, xnorm, sc, rec, out):
             )
             nflips[k] = pos - first
             again[k] = needs_reanchor(r, nf, since_anchor, R)
+            if summed and not again[k]:
+                add_firing(parts[c], r, seg, ej, val, fire, a, b)
 
 
 def row_groups(counts: np.ndarray, budget: int) -> list[int]:
@@ -412,10 +427,12 @@ class BandTrainer(Trainer):
         self.evaluated = 0
 
     def _evaluate(
-        self, rows: np.ndarray, err: np.ndarray, record: bool
+        self, rows: np.ndarray, err: np.ndarray, record: bool, parts: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray, tuple | None]:
         """:func:`evaluate_rows` on ``rows``: returns the flips per neuron, the re-anchor
-        mask and, if ``record``, the flips as ``(r, j, value, on)`` arrays."""
+        mask and, if ``record``, the flips as ``(r, j, value, on)`` arrays; with
+        ``parts`` (``(P, n, K)``, not with ``record``) the rows' shares of the outputs
+        are summed into it on the way."""
         st = self.store
         sc = EvalScalars(
             eta_s=float(self.eta_s),
@@ -425,7 +442,11 @@ class BandTrainer(Trainer):
             scatter=float(_config.scatter_cost(st.n)),
         )
         args = (*self._store_args(), err, self.G, self.X, st.xnorm, sc)
-        return self._in_groups(rows, record, evaluate_rows, args)
+        if parts is None:
+            parts = np.empty((0, 0, 0))
+        elif record:
+            raise ValueError("outputs are summed only on a step that records no flips")
+        return self._in_groups(rows, record, evaluate_rows, args, (parts,))
 
     def _store_args(self) -> tuple:
         """The arguments every per-neuron kernel takes first after its rows: ``seg``,
@@ -434,12 +455,17 @@ class BandTrainer(Trainer):
         return st.seg, st.nf, st.pool.arrays, self.a, st.E
 
     def _in_groups(
-        self, rows: np.ndarray, record: bool, kernel: Callable[..., None], args: tuple
+        self,
+        rows: np.ndarray,
+        record: bool,
+        kernel: Callable[..., None],
+        args: tuple,
+        tail: tuple = (),
     ) -> tuple[np.ndarray, np.ndarray, tuple | None]:
-        """``kernel(part, *args, rec, out)`` on consecutive groups of ``rows``, a kernel
-        that records the flips of ``part[k]`` in ``rec`` (:data:`~._records.FlipRecord`,
-        from ``rec.start[k]`` on, when ``record``) and fills ``out``
-        (:data:`~._records.RowResults`); returns
+        """``kernel(part, *args, rec, out, *tail)`` on consecutive groups of ``rows``, a
+        kernel that records the flips of ``part[k]`` in ``rec``
+        (:data:`~._records.FlipRecord`, from ``rec.start[k]`` on, when ``record``) and
+        fills ``out`` (:data:`~._records.RowResults`); returns
         the flips per neuron, the re-anchor mask and, if ``record``, the flips as
         ``(r, j, value, on)`` arrays."""
         st = self.store
@@ -461,7 +487,7 @@ class BandTrainer(Trainer):
             f_on = st.buffer("flip_on", (fbuf[-1],), np.bool_)
             rec = FlipRecord(start=fbuf, j=f_j, value=f_v, on=f_on)
             out = RowResults(nflips=nflips[g0:g1], nevals=nevals[g0:g1], again=again[g0:g1])
-            kernel(part, *args, rec, out)
+            kernel(part, *args, rec, out, *tail)
             if record:
                 found.append(gather_flips(part, fbuf, nflips[g0:g1], f_j, f_v, f_on))
         flips = tuple(np.concatenate(a) for a in zip(*found, strict=True)) if record else None

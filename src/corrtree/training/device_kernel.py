@@ -413,7 +413,8 @@ class DeviceKernelTrainer(DeviceBand):
         once): every value and distance by GEMM (:meth:`DeviceBand._gemm_values`); the
         rows whose band key passed and whose distance may exceed the band re-anchored in
         a batch of :func:`~.device_band.capacity` ``(nband)`` rows, ``nband`` the rows
-        whose band key passed; the values of the pairs whose key passed; flips (``κ``
+        whose band key passed; every tracked pair's value and key (the GEMM gives the
+        whole row: fresh keys move the row's limit as far as they can); flips (``κ``
         and the outputs, corrected by one GEMM of the flips by point with the output
         weights; ``N`` and ``H`` once the counts are read); ``σ`` where the fire set
         changed, keys, fire lists.
@@ -433,7 +434,9 @@ class DeviceKernelTrainer(DeviceBand):
         g = (Ep[J] * A[:, None, :]).sum(dim=2)  # <a_r, E_j>
         C = kap + torch.where(fo, self.eta_s * g, 0.0)
         banded = live & (clock >= bandkey)
-        due = live[:, None] & (key <= clock[:, None]) & (J < n)
+        # every tracked pair of a visited row: the GEMM gives all its values at once, and
+        # fresh keys for all of them move the row's limit as far as they can
+        due = live[:, None] & (J < n)
         V, D = self._gemm_values(J, C, cref, uref)
         bad = banded & self._expired(beta, D)
         due &= ~bad[:, None]

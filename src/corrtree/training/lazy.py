@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from ._pairs import forward, refresh_keys
+from .. import _config
+from ._pairs import firing_sums, refresh_keys, sum_parts
 from ._state import Schema
 from .band import BAND_FIELDS, BAND_SCALARS, BandTrainer
 from .optim import LinearStep
@@ -58,10 +59,13 @@ class LazyTrainer(BandTrainer):
         if step is not None:
             return self._advance_linear(err, step)
         st = self.store
+        n, K = self.X.shape[0], self.a.shape[1]
         stats = (st.fired_pairs(), len(self.moved), self.flips, st.entries())
+        # the outputs of the rows that keep their anchor are summed as they are evaluated
+        parts = st.buffer("forward_parts", (_config.FORWARD_CHUNKS, n, K))
         with self.timer("query"):
             st.E += err
-            nflips, again, _ = self._evaluate(self.moved, err, record=False)
+            nflips, again, _ = self._evaluate(self.moved, err, record=False, parts=parts)
             self.flips = int(nflips.sum())
         with self.timer("update"):
             rows = self.moved[again]
@@ -69,9 +73,11 @@ class LazyTrainer(BandTrainer):
                 self.flips += self._reanchor(rows)[0].shape[0]
                 refresh_keys(rows, st.seg, st.nf, st.pool.arrays, st.xnorm, st.b)
         with self.timer("forward"):
-            self.u = forward(
-                self.moved, st.seg, st.pool.arrays, self.a, self.b, self.scale, self.X.shape[0]
-            )
+            # a neuron that fires after the step fired before it (only moved rows change)
+            more = parts[:0]
+            if rows.shape[0]:
+                more = firing_sums(rows, st.seg, st.pool.arrays, self.a, self.b, n)
+            self.u = sum_parts(parts, more, self.scale)
             self.moved = st.firing_neurons()
         row = self._row(*stats, reanchored=rows.shape[0], evaluated_pairs=self.evaluated)
         self.evaluated = 0
