@@ -33,6 +33,16 @@ def test_counter_counts_launches_syncs_and_work_exactly():
     assert c.gathers == 8 * 5 + 2 * 5  # the masked rows and the picked ones
     assert c.launches == 1 + 1 + 1 + 1 + 1 + 1 + 1  # mm, sum, gt, index, upload, index, numpy
     assert dc.modelled_seconds(c) > 7 * dc.H200["launch_s"] + 4 * dc.H200["sync_s"]
+    # the modelled time by operation adds up to the whole, each part where it was spent
+    r = dc.H200
+    assert sum(c.op_s.values()) == pytest.approx(dc.modelled_seconds(c), rel=1e-12)
+    assert set(c.op_s) == {"mm", "sum", "_local_scalar_dense", "gt", "index", "numpy()"}
+    assert c.op_s["numpy()"] == pytest.approx(r["launch_s"] + r["sync_s"])  # a download
+    assert c.op_s["_local_scalar_dense"] == pytest.approx(r["sync_s"])  # a scalar read
+    # two gathers (one with an upload and one with a synchronization), each a launch
+    assert c.op_s["index"] >= 3 * r["launch_s"] + 2 * r["sync_s"]
+    assert next(iter(c.as_dict()["op_s"])) == "index"  # the costliest first
+    assert (c - dc.Counts()).op_s == c.op_s and c.copy().op_s == c.op_s
 
 
 def test_counter_tells_host_tensors_from_device_tensors():
@@ -251,6 +261,10 @@ def test_device_rates_are_measured_stored_and_read_back(tmp_path):
     got = rates.measure_rates("cpu", "small")
     assert set(got["rates"]) == set(_config.RATE_NAMES) == set(dc.H200)
     assert all(math.isfinite(v) and v > 0 for v in got["rates"].values())
+    kinds = got["gathers_by_source_per_s"]
+    assert set(kinds) == {"resident_G", "table_of_n", "within_rows"}
+    assert kinds["resident_G"] == got["rates"]["gathers_per_s"]
+    assert all(math.isfinite(v) and v > 0 for v in kinds.values())
     assert _config.device_rates()["cuda"]["flops64_per_s"] == dc.H200["flops64_per_s"]
     store = tmp_path / "device_rates.json"
     store.write_text(json.dumps({"other": {**dc.H200, "date": "then"}}))

@@ -131,15 +131,24 @@ class Counts:
     #: modelled seconds of the work alone, op by op (the roofline), filled as counted
     work_s: float = 0.0
     ops: dict[str, int] = field(default_factory=dict)
+    #: modelled seconds by operation (its work, launches, synchronizations and uploads,
+    #: priced with the counter's rates as counted; transfers under ``cpu()``,
+    #: ``numpy()``, ``to()``, ...): where a step's modelled time goes
+    op_s: dict[str, float] = field(default_factory=dict)
 
     def __sub__(self, other: Counts) -> Counts:
         ops = {k: v - other.ops.get(k, 0) for k, v in self.ops.items()}
+        op_s = {k: v - other.op_s.get(k, 0.0) for k, v in self.op_s.items()}
         diff = {f: getattr(self, f) - getattr(other, f) for f in _FIELDS}
-        return Counts(**diff, ops={k: v for k, v in ops.items() if v})
+        return Counts(
+            **diff,
+            ops={k: v for k, v in ops.items() if v},
+            op_s={k: v for k, v in op_s.items() if v},
+        )
 
     def scaled(self, factor: float) -> Counts:
         """The work (flops, entries, bytes) times ``factor``; launches and syncs kept:
-        a dense step at ``factor`` times the width."""
+        a dense step at ``factor`` times the width (``op_s``, which mixes both, dropped)."""
         out = Counts(**{f: getattr(self, f) for f in _FIELDS}, ops=dict(self.ops))
         for f in ("upload_bytes", "flops64", "flops32", "gathers", "scatters", "bytes"):
             setattr(out, f, getattr(out, f) * factor)
@@ -147,14 +156,18 @@ class Counts:
         return out
 
     def as_dict(self) -> dict[str, Any]:
-        """Plain numbers (JSON), the ten most frequent operations beside them."""
+        """Plain numbers (JSON), the ten most frequent operations and the ten costliest
+        (modelled seconds) beside them."""
         out = asdict(self)
         top = sorted(self.ops.items(), key=lambda kv: -kv[1])[:10]
         out["ops"] = dict(top)
+        out["op_s"] = dict(sorted(self.op_s.items(), key=lambda kv: -kv[1])[:10])
         return out
 
     def copy(self) -> Counts:
-        return Counts(**{f: getattr(self, f) for f in _FIELDS}, ops=dict(self.ops))
+        return Counts(
+            **{f: getattr(self, f) for f in _FIELDS}, ops=dict(self.ops), op_s=dict(self.op_s)
+        )
 
 
 _FIELDS = (
@@ -230,10 +243,31 @@ class OpCounter:
         #: operation's argument, not an upload), and transfers are the library's own
         self.real = real
         self.counts = Counts()
+        self._charged = 0.0  # modelled seconds charged to operations (op_s)
         self._mode: Any = None
         self._saved: list[tuple[Any, str, Any]] = []
 
+    def _priced(self) -> tuple[float, float]:
+        """The modelled seconds counted so far and those already charged to an
+        operation in ``counts.op_s``."""
+        return modelled_seconds(self.counts, self.rates), self._charged
+
+    def _charge(self, name: str, before: tuple[float, float]) -> None:
+        """Charge ``name`` with the modelled seconds counted since ``before``
+        (:meth:`_priced`) that no operation inside it was charged with."""
+        now, charged = self._priced()
+        cost = (now - before[0]) - (charged - before[1])
+        if cost:
+            op_s = self.counts.op_s
+            op_s[name] = op_s.get(name, 0.0) + cost
+            self._charged += cost
+
     def _op(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        before = self._priced()
+        self._count_op(func, args, kwargs, out)
+        self._charge(func.overloadpacket.__name__, before)
+
+    def _count_op(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         import torch
 
         name = func.overloadpacket.__name__
@@ -335,8 +369,21 @@ class OpCounter:
                         c.upload_bytes += _nbytes(t)
             return out
 
+        self._install(owner, attr, original, wrapped)
+
+    def _install(self, owner: Any, attr: str, original: Any, wrapped: Any) -> None:
+        """Put ``wrapped`` in place of ``owner.attr`` (``original``, restored on exit),
+        what it counts charged to ``attr()`` in ``op_s``."""
+        counter = self
+
+        def charged(*args: Any, **kwargs: Any) -> Any:
+            before = counter._priced()
+            out = wrapped(*args, **kwargs)
+            counter._charge(f"{attr}()", before)
+            return out
+
         self._saved.append((owner, attr, original))
-        setattr(owner, attr, wrapped)
+        setattr(owner, attr, charged)
 
     def _wrap(self, owner: Any, attr: str, kind: str) -> None:
         if self.real:
@@ -386,8 +433,7 @@ class OpCounter:
                     _mark_host(t)
             return out
 
-        self._saved.append((owner, attr, original))
-        setattr(owner, attr, wrapped)
+        self._install(owner, attr, original, wrapped)
 
     def __enter__(self) -> OpCounter:
         import torch

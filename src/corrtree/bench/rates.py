@@ -92,7 +92,10 @@ def measure_rates(device: Any = "cpu", size: str = "large") -> dict[str, Any]:
     """The primitive rates of ``device`` (:data:`SIZES` ``[size]``): ``{"rates": by the
     names of :data:`corrtree._config.RATE_NAMES`, "timings_s": each primitive's median
     seconds, "device", "device_name", "torch", "how", "date"}``.  Seconds on an H200
-    (``large``): about ten."""
+    (``large``): about ten.  ``gathers_by_source_per_s``: as many gathers from a table
+    of ``n + 1`` entries and from each row's own row, beside the resident ``G``'s (the
+    model prices every gather at the latter; a device run shows how far the others are
+    from it)."""
     import torch
 
     from .._device import resolve
@@ -132,6 +135,20 @@ def measure_rates(device: Any = "cpu", size: str = "large") -> dict[str, Any]:
         cols_j = torch.randint(0, n, (k, per), generator=gen, device=dev)
         return timed(lambda: G[at, cols_j].sum(dim=1))
 
+    # the same number of gathers from other sources, timed beside the rate (not yet
+    # priced by the model): a table of n + 1 entries (the error vector, the norms: what
+    # the device kernel's clocks and visits gather from), and each row's entries from
+    # its own row of n + 1 (a visit's values at its places)
+    def gathers_table() -> float:
+        table = randn(n + 1)
+        at = torch.randint(0, n + 1, (k, per), generator=gen, device=dev)
+        return timed(lambda: table[at].sum(dim=1))
+
+    def gathers_rows() -> float:
+        M = randn(k, n + 1)
+        at = torch.randint(0, n + 1, (k, per), generator=gen, device=dev)
+        return timed(lambda: torch.gather(M, 1, at).sum(dim=1))
+
     def scatters() -> float:
         places = torch.randint(0, n * n, (entries,), generator=gen, device=dev)
         values = randn(entries)
@@ -163,6 +180,8 @@ def measure_rates(device: Any = "cpu", size: str = "large") -> dict[str, Any]:
         "gram64": gram(),
         "gemm32": gemm32(),
         "gathers": gathers(),
+        "gathers_table": gathers_table(),
+        "gathers_rows": gathers_rows(),
         "scatters": scatters(),
         "stream": stream(),
         "launch": timed(queued, max(3, reps // 4)) / cfg["launches"],
@@ -179,6 +198,12 @@ def measure_rates(device: Any = "cpu", size: str = "large") -> dict[str, Any]:
     }
     return {
         "rates": rates,
+        # gathered entries a second by source, to set against gathers_per_s (a resident G)
+        "gathers_by_source_per_s": {
+            "resident_G": rates["gathers_per_s"],
+            "table_of_n": entries / t["gathers_table"],
+            "within_rows": entries / t["gathers_rows"],
+        },
         "timings_s": t,
         "device": str(dev),
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type,
