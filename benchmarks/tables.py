@@ -916,6 +916,32 @@ def gpu_count(res: dict) -> str:
         )
     )
     out += ["", f"\\* the steps past the {_counted(res)} counted at the median of the last five."]
+    due = [(name, case["due_rows"]) for name, case in res["results"].items() if "due_rows" in case]
+    if due:
+        rows = [
+            [
+                name,
+                _pow2(v["m"]),
+                str(len(v["device"])),
+                f"{min(v['device'])}-{max(v['device'])}",
+                f"{min(v['cpu'])}-{max(v['cpu'])}",
+                f"{v['ratio']:.2f}",
+                "met" if v["met"] else "**missed**",
+            ]
+            for name, v in due
+        ]
+        out += [
+            "",
+            "Rows the kernel trainer visits a step: the device trainer (its due mask, counted "
+            "on the CPU) against the numba trainer on the CPU (its clocks), from the same "
+            "model; on a device a visit's values come by GEMM for the whole row, so its rows "
+            f"are its cost (target: at most {due[0][1]['target']:g}× the CPU's every step):",
+            "",
+            _table(
+                ["workload", "m", "steps", "device", "CPU", "worst device / CPU", "target"],
+                rows,
+            ),
+        ]
     return "\n".join(out)
 
 

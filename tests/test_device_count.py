@@ -259,10 +259,12 @@ def test_device_rates_are_measured_stored_and_read_back(tmp_path):
     from corrtree.bench import rates
 
     got = rates.measure_rates("cpu", "small")
-    assert set(got["rates"]) == set(_config.RATE_NAMES) == set(dc.H200)
+    named = set(_config.RATE_NAMES) | set(_config.OPTIONAL_RATE_NAMES)
+    assert set(got["rates"]) == named and set(_config.RATE_NAMES) <= set(dc.H200) <= named
     assert all(math.isfinite(v) and v > 0 for v in got["rates"].values())
     kinds = got["gathers_by_source_per_s"]
-    assert set(kinds) == {"resident_G", "table_of_n", "within_rows"}
+    assert set(kinds) == {"resident_G", "table_of_n", "within_rows", "whole_rows"}
+    assert kinds["whole_rows"] == got["rates"]["row_gathers_per_s"]
     assert kinds["resident_G"] == got["rates"]["gathers_per_s"]
     assert all(math.isfinite(v) and v > 0 for v in kinds.values())
     assert _config.device_rates()["cuda"]["flops64_per_s"] == dc.H200["flops64_per_s"]
@@ -271,7 +273,7 @@ def test_device_rates_are_measured_stored_and_read_back(tmp_path):
     result = tmp_path / "gpu_large.json"
     result.write_text(json.dumps({"rates_measured": got}))
     stored = rates.set_rates(result, store)
-    assert {k: stored["cuda"][k] for k in dc.H200} == pytest.approx(got["rates"])
+    assert {k: stored["cuda"][k] for k in named} == pytest.approx(got["rates"])
     assert stored["other"]["date"] == "then" and stored["cuda"]["measured_on"].startswith("cpu")
     assert _config.device_rates(store) == stored
     result.write_text(json.dumps({"rates_measured": {"error": "RuntimeError: no device"}}))
@@ -285,3 +287,92 @@ def test_device_rates_are_measured_stored_and_read_back(tmp_path):
         _config.device_rates(store)
     with pytest.raises(ValueError, match="size"):
         rates.measure_rates("cpu", "huge")
+
+
+def test_due_rows_are_recorded_step_by_step_and_compared():
+    """#46's due-fraction target is measured, not assumed: the rows each kernel trainer
+    visits a step are recorded (the numba trainer's visits, the device trainer's due
+    mask) for the run asked for only, the device's steps with no row due are the steps
+    the History shows visiting nothing, and the ratio is the worst step's; the table
+    shows it.  The recorder puts the trainers back as they were."""
+    import importlib.util
+    import os
+
+    from corrtree.bench.workloads import WORKLOADS, load
+    from corrtree.training.device_kernel import DeviceKernelTrainer
+    from corrtree.training.kernel import KernelTrainer
+
+    before = (KernelTrainer._visit, DeviceKernelTrainer._visit_due, KernelTrainer.advance)
+    w = WORKLOADS["W5"]
+    X, Y = load(w["data"], w["args"], 1 / 4)
+    model = ct.TwoLayerReLU.init(d=X.shape[1], m=1024, seed=7)
+    with dc.visited_rows() as seen:
+        hist = ct.train(model, X, Y[:, 0], method="kernel", iters=10, device="cpu")
+    device = dc.last_run(seen["device"], 1024)
+    assert dc.last_run([(0, 8, 5), (0, 8, 6), (1, 4, 1), (2, 8, 7), (2, 8, 9)], 8) == [7, 9]
+    assert len(device) == 10 and not seen["cpu"] and max(device) <= 1024
+    idle = dc.nothing_due(hist)
+    assert [rows == 0 for rows in device] == idle and not all(idle)
+    assert (KernelTrainer._visit, DeviceKernelTrainer._visit_due, KernelTrainer.advance) == before
+
+    due = dc.due_rows(ct.train, X, Y[:, 0], 1024, 10, 1, device)
+    assert due["device"] == device and len(due["cpu"]) == 10 and sum(due["cpu"]) > 0
+    worst = max(v / max(c, 1) for v, c in zip(due["device"], due["cpu"], strict=True))
+    assert due["ratio"] == worst and due["met"] == (worst <= dc.DUE_RATIO_TARGET)
+    again = dc.due_rows(ct.train, X, Y[:, 0], 1024, 10, 1)  # the device run made here
+    assert again["device"] == device and again["cpu"] == due["cpu"]
+
+    here = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "tables.py")
+    spec = importlib.util.spec_from_file_location("tables", here)
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    res = {
+        "dense_validation": {},
+        "results": {
+            "W5": {
+                "n": X.shape[0], "d": X.shape[1], "K": 1, "m": 1024, "steps_counted": 10,
+                "torch_dense": {"modelled_s": 1.0}, "runs": {}, "due_rows": due,
+            }
+        },
+    }  # fmt: skip
+    text = tables.gpu_count(res)
+    assert f"| W5 | 2^10 | 10 | {min(device)}-{max(device)} |" in text
+
+
+def test_row_accesses_are_priced_at_the_row_rate_where_one_is_given():
+    """An indexed read or write of whole rows (``t[rows]``, ``t[rows] = v``,
+    ``index_select`` along the first dimension) moves contiguous runs, which a GPU
+    streams: with ``row_gathers_per_s`` in the rates it is priced at that rate, and
+    counted in ``row_gathers``; one entry a place (a ``gather``, indices on the last
+    dimension, a run shorter than ``ROW_RUN``) stays at ``gathers_per_s``.  Without the
+    rate every access is priced as before."""
+    from corrtree import _config
+
+    M = torch.zeros((1000, 64), dtype=torch.float64)
+    rows = torch.arange(0, 1000, 7)
+    cols = torch.zeros((rows.numel(), 64), dtype=torch.int64)
+    slow = {**dc.H200, "bytes_per_s": 1e30}  # work priced by its accesses alone
+    slow.pop("row_gathers_per_s", None)
+    fast = {**slow, "row_gathers_per_s": 100 * slow["gathers_per_s"]}
+    entries = rows.numel() * 64.0
+    for rates, rate in ((slow, slow["gathers_per_s"]), (fast, fast["row_gathers_per_s"])):
+        for op in (
+            lambda: M[rows],
+            lambda: M.index_select(0, rows),
+            lambda: M.__setitem__(rows, 1.0),
+            lambda: M.view(1000, 1, 64)[rows],
+        ):
+            with dc.OpCounter(rates) as c:
+                op()
+            assert c.counts.work_s == pytest.approx(entries / rate)
+            assert c.counts.row_gathers == (entries if rates is fast else 0.0)
+        narrow = torch.zeros((1000, _config.ROW_RUN - 1), dtype=torch.float64)
+        for op in (
+            lambda: torch.gather(M[:143], 1, cols),
+            lambda: M[:, torch.arange(0, 64, 2)],
+            lambda: narrow[rows],  # noqa: B023 - called within this iteration
+        ):
+            with dc.OpCounter(rates) as c:
+                out = op()
+            assert c.counts.row_gathers == 0.0
+            assert c.counts.work_s == pytest.approx(out.numel() / slow["gathers_per_s"])

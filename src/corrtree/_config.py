@@ -333,6 +333,14 @@ RATE_NAMES = {
     "sync_s": "sync",
     "launch_s": "launch",
 }
+#: Rates a device's entry may give beside :data:`RATE_NAMES`: ``row_gathers_per_s``, the
+#: entries a second of an indexed read or write of whole rows (contiguous runs of at
+#: least :data:`ROW_RUN` entries: a visit's rows of its packs, rows of ``W(0)``), which a
+#: GPU reads as a stream rather than one access an entry.  Without it the count prices
+#: those at ``gathers_per_s``, as single entries.
+OPTIONAL_RATE_NAMES = {"row_gathers_per_s": "row_gathers"}
+#: An indexed access moving runs of at least this many contiguous entries is a row access
+ROW_RUN = 32
 
 
 def device_rates(path: str | Path = DEVICE_RATES_FILE) -> dict[str, Any]:
@@ -346,7 +354,8 @@ def device_rates(path: str | Path = DEVICE_RATES_FILE) -> dict[str, Any]:
         if not isinstance(rates, dict):
             raise ValueError(f"{path}: {kind} must map rate names to numbers")
         missing = sorted(set(RATE_NAMES) - set(rates))
-        bad = [k for k in RATE_NAMES if k in rates and not _positive(rates[k])]
+        named = (*RATE_NAMES, *OPTIONAL_RATE_NAMES)
+        bad = [k for k in named if k in rates and not _positive(rates[k])]
         if missing or bad:
             raise ValueError(
                 f"{path}: the {kind} rates must give {', '.join(missing + bad)} "

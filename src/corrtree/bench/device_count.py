@@ -29,10 +29,12 @@ model is validated on PyTorch's own dense loop, whose whole runs were measured t
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
@@ -49,6 +51,7 @@ __all__ = [
     "OpCounter",
     "count_dense_step",
     "count_train",
+    "due_rows",
     "modelled_seconds",
     "run_widths",
     "validate_dense",
@@ -62,7 +65,9 @@ __all__ = [
 #: (a deterministic ``index_add_``), bytes streamed, each a second; the seconds of a
 #: launch and of a host synchronization.
 H200: dict[str, float] = {
-    name: float(_config.device_rates()["cuda"][name]) for name in _config.RATE_NAMES
+    name: float(value)
+    for name, value in _config.device_rates()["cuda"].items()
+    if name in _config.RATE_NAMES or name in _config.OPTIONAL_RATE_NAMES
 }
 
 #: PyTorch dense float64 gradient descent measured on one H200 (explicit gradients, whole
@@ -126,6 +131,9 @@ class Counts:
     flops64: float = 0.0
     flops32: float = 0.0
     gathers: float = 0.0
+    #: of ``gathers``, the entries read or written in runs of whole rows (an indexed
+    #: access of leading dimensions moving at least ``ROW_RUN`` contiguous entries a place)
+    row_gathers: float = 0.0
     scatters: float = 0.0
     bytes: float = 0.0
     #: modelled seconds of the work alone, op by op (the roofline), filled as counted
@@ -150,7 +158,9 @@ class Counts:
         """The work (flops, entries, bytes) times ``factor``; launches and syncs kept:
         a dense step at ``factor`` times the width (``op_s``, which mixes both, dropped)."""
         out = Counts(**{f: getattr(self, f) for f in _FIELDS}, ops=dict(self.ops))
-        for f in ("upload_bytes", "flops64", "flops32", "gathers", "scatters", "bytes"):
+        for f in (
+            "upload_bytes", "flops64", "flops32", "gathers", "row_gathers", "scatters", "bytes"
+        ):  # fmt: skip
             setattr(out, f, getattr(out, f) * factor)
         out.work_s *= factor
         return out
@@ -172,7 +182,7 @@ class Counts:
 
 _FIELDS = (
     "launches", "syncs", "uploads", "queued_uploads", "upload_bytes", "flops64", "flops32",
-    "gathers", "scatters", "bytes", "work_s",
+    "gathers", "row_gathers", "scatters", "bytes", "work_s",
 )  # fmt: skip
 
 
@@ -218,6 +228,41 @@ def _gemm_flops(name: str, args: tuple, out: Any) -> float:
         return 2.0 * a.numel()
     k = a.shape[-1]
     return 2.0 * out.numel() * k
+
+
+def _row_run(name: str, args: tuple) -> int:
+    """The contiguous entries an indexed access moves a place: the size of the trailing
+    dimensions after the indexed ones (``t[rows]``, ``t[rows] = v``, ``index_select``
+    along a leading dimension of a contiguous tensor), 1 for one entry a place
+    (``gather``, ``scatter_``, indices on the last dimension)."""
+    import torch
+
+    src = args[0] if args else None
+    if not isinstance(src, torch.Tensor) or not src.is_contiguous():
+        return 1
+    if name == "index_select" and len(args) > 1:
+        after = int(args[1]) % max(src.dim(), 1) + 1
+    elif name in ("index", "index_put", "index_put_") and len(args) > 1:
+        after, dim = 0, 0
+        for ix in args[1]:
+            width = ix.dim() if isinstance(ix, torch.Tensor) and ix.dtype == torch.bool else 1
+            dim += width
+            if ix is not None:
+                after = dim
+    else:
+        return 1
+    return math.prod(src.shape[after:])
+
+
+def _places(indices: Any) -> float:
+    """The places an ``index_put_`` with integer ``indices`` writes (their broadcast
+    size; 0 with a boolean mask, whose places are its values')."""
+    import torch
+
+    tensors = [ix for ix in indices if ix is not None]
+    if not tensors or any(ix.dtype == torch.bool for ix in tensors):
+        return 0.0
+    return float(math.prod(torch.broadcast_shapes(*(ix.shape for ix in tensors))))
 
 
 class OpCounter:
@@ -319,10 +364,13 @@ class OpCounter:
             entries = float(outs[0].numel())
             c.gathers += entries
             c.bytes += 2 * _nbytes(outs[0])
-            c.work_s += max(entries / r["gathers_per_s"], 2 * _nbytes(outs[0]) / r["bytes_per_s"])
+            rate = self._gather_rate(name, args, entries)
+            c.work_s += max(entries / rate, 2 * _nbytes(outs[0]) / r["bytes_per_s"])
         elif name in _SCATTER:
             src = list(_tensors(args[2:] if len(args) > 2 else args[1:]))
             entries = float(max((t.numel() for t in src), default=0))
+            if name.startswith("index_put"):  # a value broadcast over the places it writes
+                entries = max(entries, _places(args[1]) * _row_run(name, args))
             accumulated = name in _ACCUMULATE or (
                 name.startswith("index_put")
                 and bool(kwargs.get("accumulate", args[3:4] == (True,)))
@@ -332,10 +380,20 @@ class OpCounter:
                 c.work_s += entries / r["scatters_per_s"]
             else:  # each place written once: an indexed access, at the gathers' rate
                 c.gathers += entries
-                c.work_s += entries / r["gathers_per_s"]
+                c.work_s += entries / self._gather_rate(name, args, entries)
         else:
             c.bytes += moved
             c.work_s += moved / r["bytes_per_s"]
+
+    def _gather_rate(self, name: str, args: tuple, entries: float) -> float:
+        """The rate of an indexed access of ``entries`` entries: ``row_gathers_per_s``
+        where the rates give it and the access moves whole rows (:func:`_row_run` at
+        least :data:`~corrtree._config.ROW_RUN`), else ``gathers_per_s``."""
+        r = self.rates
+        if "row_gathers_per_s" in r and entries and _row_run(name, args) >= _config.ROW_RUN:
+            self.counts.row_gathers += entries
+            return r["row_gathers_per_s"]
+        return r["gathers_per_s"]
 
     def _wrap_real(self, owner: Any, attr: str, kind: str) -> None:
         """:meth:`_wrap` on a real device: the call itself, counted where it crosses
@@ -577,6 +635,102 @@ def count_train(
     return {"steps": steps, "history": hist, "wall_s": time.perf_counter() - t0}
 
 
+@contextmanager
+def visited_rows() -> Iterator[dict[str, list[tuple[int, int, int]]]]:
+    """Record the rows each step of the kernel trainers visits: ``"cpu"`` (the numba
+    :class:`~corrtree.training.kernel.KernelTrainer`: the rows its clocks or heap make
+    due) and ``"device"`` (:class:`~corrtree.training.device_kernel.DeviceKernelTrainer`:
+    the rows its due mask marks), one ``(trainer, m, rows)`` a step (a step's passes
+    summed; the trainer's serial number and width tell the run from the small ones that load
+    kernels first, :func:`last_run`).  #46's target compares the
+    two: on a device a visit's values come by GEMM for the whole row, so its cost is the
+    rows it visits, not the values it needs."""
+    from ..training.device_kernel import DeviceKernelTrainer
+    from ..training.kernel import KernelTrainer
+
+    got: dict[str, list[tuple[int, int, int]]] = {"cpu": [], "device": []}
+    saved: list[tuple[Any, str, Any]] = []
+    serial: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+    made = itertools.count()
+
+    def wrap(cls: Any, kind: str, visit: str, rows_of: Callable[..., int]) -> None:
+        advance, inner = cls.advance, getattr(cls, visit)
+
+        def step(self, *args: Any, **kwargs: Any) -> Any:
+            if self not in serial:  # not id(): a freed trainer's id may be reused
+                serial[self] = next(made)
+            got[kind].append((serial[self], self.m, 0))
+            return advance(self, *args, **kwargs)
+
+        def counted(self, *args: Any, **kwargs: Any) -> Any:
+            who, m, rows = got[kind][-1]
+            got[kind][-1] = (who, m, rows + rows_of(*args))
+            return inner(self, *args, **kwargs)
+
+        saved.extend(((cls, "advance", advance), (cls, visit, inner)))
+        cls.advance = step
+        setattr(cls, visit, counted)
+
+    wrap(KernelTrainer, "cpu", "_visit", lambda rows, *rest: len(rows))
+    wrap(DeviceKernelTrainer, "device", "_visit_due", lambda due, ndue, *rest: int(ndue))
+    try:
+        yield got
+    finally:
+        for cls, attr, original in saved:
+            setattr(cls, attr, original)
+
+
+def last_run(steps: list[tuple[int, int, int]], m: int) -> list[int]:
+    """The rows a step of the last trainer of width ``m`` that :func:`visited_rows`
+    recorded visited (loading the kernels runs small trainings first, some as wide)."""
+    last = next((who for who, width, _ in reversed(steps) if width == m), None)
+    return [rows for who, _, rows in steps if who == last]
+
+
+#: #46's target: the device kernel trainer's due rows a step at most this many times the
+#: CPU kernel trainer's visited rows, W2 and W3
+DUE_RATIO_TARGET = 1.1
+
+
+def due_rows(
+    train: Callable[..., Any],
+    X: np.ndarray,
+    y: np.ndarray,
+    m: int,
+    iters: int,
+    K: int,
+    device: list[int] | None = None,
+) -> dict[str, Any]:
+    """The rows the kernel trainer visits each step on the CPU (numba) and on
+    ``device="cpu"`` (the device trainer, as it runs on a GPU; ``device``: its rows
+    recorded already, by :func:`visited_rows` around a counted run), from the same model,
+    and the largest ratio of the two over the steps (a step where the CPU visits no row
+    counts its device rows over one)."""
+    from ..model import TwoLayerReLU
+
+    runs = {} if device is None else {"device": list(device)}
+    for kind, extra in (("cpu", {}), ("device", {"device": "cpu"})):
+        if kind in runs:
+            continue
+        model = TwoLayerReLU.init(d=X.shape[1], m=m, outputs=K, seed=7)
+        with visited_rows() as got:
+            train(model, X, y, method="kernel", iters=iters, **extra)
+        runs[kind] = last_run(got[kind], m)
+    steps = min(len(runs["cpu"]), len(runs["device"]))  # a run may converge early
+    ratio = max(
+        (v / max(c, 1) for v, c in zip(runs["device"][:steps], runs["cpu"][:steps], strict=True)),
+        default=math.nan,
+    )
+    return {
+        "m": m,
+        "cpu": runs["cpu"],
+        "device": runs["device"],
+        "ratio": ratio,
+        "target": DUE_RATIO_TARGET,
+        "met": bool(ratio <= DUE_RATIO_TARGET),
+    }
+
+
 #: What ``bench_gpu.py --count`` counts: each workload's data at a width that a CPU
 #: counts in minutes (``m``), the steps counted of its ``iters`` (the rest extrapolated
 #: from the median of the last five counted), and the device methods.  ``small`` is the
@@ -586,11 +740,13 @@ COUNT_SIZES: dict[str, dict[str, Any]] = {
         "scale_n": 1 / 8,
         "cases": {"W1": (2**10, 8), "W5": (2**10, 8)},
         "methods": ("dense", "lazy", "kernel"),
+        "due": ("W5",),
     },
     "large": {
         "scale_n": 1.0,
         "cases": {"W1": (2**13, 30), "W2": (2**12, 8), "W3": (2**12, 8), "W5": (2**13, 30)},
         "methods": ("dense", "lazy", "kernel"),
+        "due": ("W2", "W3"),
     },
 }
 
@@ -682,14 +838,20 @@ def run_count(
             "torch_dense": {"step": torch_step.as_dict(), "modelled_s": torch_s},
             "runs": dict(results.get(name, {}).get("runs", {})),
         }
+        if "due_rows" in results.get(name, {}):  # kept unless the kernel is counted again
+            case["due_rows"] = results[name]["due_rows"]
         for method in cfg["methods"]:
             if methods and method not in methods.split(","):
                 continue
             tiny = TwoLayerReLU.init(d=X.shape[1], m=256, outputs=Y.shape[1], seed=7)
             train(tiny, X[:64], y[:64], method=method, iters=3, device="cpu")  # compile
             model = TwoLayerReLU.init(d=X.shape[1], m=m, outputs=Y.shape[1], seed=7)
-            got = count_train(train, model, X, y, method=method, iters=counted)
+            with visited_rows() as visits:
+                got = count_train(train, model, X, y, method=method, iters=counted)
             hist = got["history"]
+            if method == "kernel" and name in cfg["due"]:
+                seen = last_run(visits["device"], m)
+                case["due_rows"] = due_rows(train, X, y, m, counted, Y.shape[1], seen)
             whole, extrapolated = _whole(got["steps"], iters)
             case["runs"][method] = {
                 "modelled_s": whole,
@@ -727,6 +889,17 @@ def run_count(
         ["workload", "m", "method", "modelled s", "torch dense s", "vs torch", "launches", "syncs"],
         rows,
     )
+    rows = [
+        [name, due["m"], max(due["device"], default=0), max(due["cpu"], default=0), due["ratio"]]
+        for name, case in results.items()
+        if (due := case.get("due_rows"))
+    ]
+    if rows:
+        print_table(
+            "Kernel trainer: rows due a step, device against CPU (target: ratio <= 1.1)",
+            ["workload", "m", "device, most", "CPU, most", "worst ratio"],
+            rows,
+        )
     return {**payload, "results": results}
 
 

@@ -3,7 +3,8 @@
 
 :func:`measure_rates` times, on a torch device, the primitives that the model's rates
 name (:data:`corrtree._config.RATE_NAMES`): a float64 GEMM ``G = XXᵀ``, a float32 GEMM
-of a set-up's shape, gathers from a resident ``G`` with a row sum, a deterministic
+of a set-up's shape, gathers from a resident ``G`` with a row sum, as many entries in
+whole rows (``row_gathers_per_s``, :data:`corrtree._config.OPTIONAL_RATE_NAMES`), a deterministic
 ``index_add_`` of as many entries, a streaming copy, a launch and a host
 synchronization.  ``bench_gpu.py`` measures them first on its device and prices its
 counted runs with them (:func:`corrtree.bench.gpu.run`); ``bench_gpu.py --set-rates
@@ -53,11 +54,15 @@ SIZES: dict[str, dict[str, Any]] = {
     },
 }
 
+#: The row length of the whole-row gathers that give ``row_gathers_per_s``
+ROW_GATHER_RUN = 512
+
 #: How :func:`measure_rates` measures (stored with the rates).
 HOW = (
     "corrtree.bench.rates.measure_rates: median of {reps} (CUDA events on a GPU): G = XX^T "
     "at n = {n}, d = {d} in float64; a float32 GEMM {gemm32}; {gathers} gathers from "
-    "the resident G with a row sum; a deterministic index_add_ of as many; a copy of "
+    "the resident G with a row sum; as many in whole random rows of {row_run} of a "
+    "resident matrix; a deterministic index_add_ of as many; a copy of "
     "{stream_bytes} bytes (read and written); {launches} one-element additions queued; "
     "{syncs} additions each read back (less a launch)"
 )
@@ -149,6 +154,14 @@ def measure_rates(device: Any = "cpu", size: str = "large") -> dict[str, Any]:
         at = torch.randint(0, n + 1, (k, per), generator=gen, device=dev)
         return timed(lambda: torch.gather(M, 1, at).sum(dim=1))
 
+    def gathers_whole_rows() -> float:
+        # as many entries in whole rows of 512 (the run of a visit's packed places, of a
+        # row of W(0)) from a resident matrix of twice the entries: row_gathers_per_s
+        run = ROW_GATHER_RUN
+        M = randn(max(2, 2 * entries // run), run)
+        at = torch.randint(0, M.shape[0], (max(1, entries // run),), generator=gen, device=dev)
+        return timed(lambda: M[at])
+
     def scatters() -> float:
         places = torch.randint(0, n * n, (entries,), generator=gen, device=dev)
         values = randn(entries)
@@ -182,6 +195,7 @@ def measure_rates(device: Any = "cpu", size: str = "large") -> dict[str, Any]:
         "gathers": gathers(),
         "gathers_table": gathers_table(),
         "gathers_rows": gathers_rows(),
+        "gathers_whole_rows": gathers_whole_rows(),
         "scatters": scatters(),
         "stream": stream(),
         "launch": timed(queued, max(3, reps // 4)) / cfg["launches"],
@@ -191,6 +205,9 @@ def measure_rates(device: Any = "cpu", size: str = "large") -> dict[str, Any]:
         "flops64_per_s": 2.0 * n * n * d / t["gram64"],
         "flops32_per_s": 2.0 * rows * inner * cols / t["gemm32"],
         "gathers_per_s": entries / t["gathers"],
+        "row_gathers_per_s": ROW_GATHER_RUN
+        * max(1, entries // ROW_GATHER_RUN)
+        / t["gathers_whole_rows"],
         "scatters_per_s": entries / t["scatters"],
         "bytes_per_s": 2.0 * cfg["stream_bytes"] / t["stream"],
         "launch_s": t["launch"],
@@ -203,12 +220,13 @@ def measure_rates(device: Any = "cpu", size: str = "large") -> dict[str, Any]:
             "resident_G": rates["gathers_per_s"],
             "table_of_n": entries / t["gathers_table"],
             "within_rows": entries / t["gathers_rows"],
+            "whole_rows": rates["row_gathers_per_s"],
         },
         "timings_s": t,
         "device": str(dev),
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type,
         "torch": torch.__version__,
-        "how": HOW.format(**cfg),
+        "how": HOW.format(**cfg, row_run=ROW_GATHER_RUN),
         "date": time.strftime("%Y-%m-%d"),
     }
 
@@ -241,6 +259,13 @@ def set_rates(
         **current,
         kind: {
             **{k: float(rates[k]) for k in _config.RATE_NAMES},
+            **{
+                k: float(rates[k])
+                for k in _config.OPTIONAL_RATE_NAMES
+                if isinstance(rates.get(k), int | float)
+                and math.isfinite(rates[k])
+                and rates[k] > 0
+            },
             "measured_on": f"{got.get('device_name', '?')} (PyTorch {got.get('torch', '?')})",
             "how": got.get("how", ""),
             "date": got.get("date", time.strftime("%Y-%m-%d")),
