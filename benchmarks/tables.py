@@ -254,7 +254,9 @@ def _over_setup(runs: dict, name: str) -> str:
 
 
 def widths(res: dict) -> str:
-    """Whole runs against width, and on held-out data beside the workload of its kind."""
+    """Whole runs against width, and on held-out data beside the workload of its kind
+    (with the dates of cases measured on another day than the last, each case's
+    ``measured``)."""
     rows = []
     ratio_at = {
         (name, e["m"]): e["speedup_vs_dense"]
@@ -300,9 +302,18 @@ def widths(res: dict) -> str:
         ],
         rows,
     )
+    last = res["machine"]["date"]
+    earlier = {}
+    for name, r in res["results"].items():
+        if r.get("measured", last) != last:
+            earlier.setdefault(r["measured"], []).append(name)
+    dates = "".join(
+        f" Measured on {day}, the same machine: {', '.join(names)}."
+        for day, names in sorted(earlier.items())
+    )
     return (
         text + "\n\n\\* extrapolated from the first iterations. `exact`: every trainer's first "
-        "losses equal dense's and its final loss the loss of its final weights."
+        "losses equal dense's and its final loss the loss of its final weights." + dates
     )
 
 

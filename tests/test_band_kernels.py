@@ -391,13 +391,15 @@ def test_principal_parts_bound_every_combination(n, d):
         assert lhs <= np.linalg.norm(c @ Z[S]) + res * np.linalg.norm(c) + 1e-12
 
 
+@pytest.mark.parametrize("move", [False, True])
 @pytest.mark.parametrize("K", [1, 3])
-def test_own_clocks_bound_each_step_and_mark_the_due(K):
+def test_own_clocks_bound_each_step_and_mark_the_due(K, move):
     """A neuron's own clock grows by at least its true step, ``eta_s·||Σ_S <a_r, err_l>
     x_l||`` (and by no more than the smaller of ``σ_r·||e_S||``, where ``σ_r`` is known,
-    and ``Σ_S |e_l|·||x_l||``); a neuron that fires nowhere keeps its clock; a neuron is
-    due exactly when its clock reaches its smallest key or its band, always with an
-    infinite clock."""
+    and ``Σ_S |e_l|·||x_l||``, and with ``move`` the true step with its rounding, below
+    the other two for most neurons); a neuron that fires nowhere keeps its clock; a
+    neuron is due exactly when its clock reaches its smallest key or its band, always
+    with an infinite clock."""
     st, rng = _state(4, n=36, m=90, d=5, K=K, unit=False)
     pool, nf, seg = st.pool.arrays, st.nf, st.seg
     for r in range(0, st.m, 7):  # some neurons fire nowhere
@@ -426,13 +428,17 @@ def test_own_clocks_bound_each_step_and_mark_the_due(K):
         eta_s=eta_s, b=st.b, R=st.R, cert=cert, scatter=0.0, gram_cost=0.0, full=False,
         ahead=0.0, P=0.0, per_p=0.0,
     )  # fmt: skip
-    own_clocks(seg, nf, pool, st.a, err, st.xnorm, sc, anchor_drift, clock, due)
+    own_clocks(seg, nf, pool, st.a, err, st.xnorm, sc, anchor_drift, clock, due, st.X, move)
+    tighter = 0
     for r in range(st.m):
         e = err[fires[r]] @ st.a[r]
         true = eta_s * np.linalg.norm(e @ st.X[fires[r]])
         bound = np.sum(np.abs(e) * st.xnorm[fires[r]])
         if known[r]:
             bound = min(bound, sig[r] * np.linalg.norm(e))
+        if move:
+            tighter += eta_s * bound > true * (1 + 1e-6)
+            bound = min(bound, true / eta_s * (1 + 1e-9) + 1e-12 * bound)
         if np.isfinite(before[r]):
             grew = clock[r] - before[r]
             assert cert * true * (1 - 1e-12) <= grew <= cert * eta_s * bound * (1 + 1e-9) + 1e-300
@@ -441,6 +447,7 @@ def test_own_clocks_bound_each_step_and_mark_the_due(K):
         limit = min(nf[r, MINKEY], anchor_drift[r] + nf[r, BETA] / st.R)
         assert due[r] == (clock[r] >= limit)
     assert due[5] and 0 < due.sum() < st.m
+    assert not move or tighter > st.m // 2
 
 
 @pytest.mark.parametrize(("n", "d"), [(40, 12), (10, 30), (30, 4)])  # XᵀX; G; no residual

@@ -57,6 +57,7 @@ def test_same_trajectory_as_dense(method, n, m, d, outputs, seed):
         (32, 0.25, 0.05, None),  # the defaults: own clocks on this coherent data
         (32, 0.0, np.inf, "half"),  # own and global clocks in turn, a switch every step
         (32, np.inf, 0.0, "all"),  # own clocks throughout
+        (32, np.inf, 0.0, "all, no move"),  # own clocks without the step's own norm
         (0, 0.0, 0.0, "none"),  # no leading directions: the global clock only
     ],
 )
@@ -69,6 +70,8 @@ def test_kernel_clocks_keep_the_trajectory(monkeypatch, rank, enter, leave, own)
     monkeypatch.setattr(_config, "PROJECTION_RANK", rank)
     monkeypatch.setattr(_config, "OWN_CLOCK_ENTER", enter)
     monkeypatch.setattr(_config, "OWN_CLOCK_LEAVE", leave)
+    if own == "all, no move":
+        monkeypatch.setattr(_config, "OWN_CLOCK_MOVE_DIM", 0)
     calls = []
     inner = kernel.own_clocks
     monkeypatch.setattr(kernel, "own_clocks", lambda *a: calls.append(1) or inner(*a))
@@ -76,7 +79,7 @@ def test_kernel_clocks_keep_the_trajectory(monkeypatch, rank, enter, leave, own)
     ref = _run(model0, X, y, "dense", iters=16)
     hist, W = _run(model0, X, y, "kernel", iters=16)
     assert_same_trajectory(hist, W, *ref)
-    expected = {"half": 8, "all": 16, "none": 0}
+    expected = {"half": 8, "all": 16, "all, no move": 16, "none": 0}
     if own is None:
         assert len(calls) > 0
     else:
@@ -145,6 +148,22 @@ def test_too_tight_certificate_is_caught(method):
     X, y, model0 = _problem(60, 1500, 16, 1, 2)
     ref = _run(model0, X, y, "dense", iters=15)
     hist, W = _run(model0, X, y, method, iters=15, _certificate_scale=0.3)
+    with pytest.raises(AssertionError):
+        assert_same_trajectory(hist, W, *ref)
+
+
+def test_too_tight_own_clocks_are_caught(monkeypatch):
+    """The kernel trainer's own clocks with the step's own norm (low-dimensional data),
+    shrunk on purpose, miss crossings: the trajectory check fails."""
+    from corrtree import _config
+
+    monkeypatch.setattr(_config, "PROJECTION_RANK", 32)
+    monkeypatch.setattr(_config, "OWN_CLOCK_ENTER", np.inf)
+    monkeypatch.setattr(_config, "OWN_CLOCK_LEAVE", 0.0)
+    X, y, model0 = _problem(70, 1500, 6, 2, 8, b_scale=0.8)
+    assert X.shape[1] <= _config.OWN_CLOCK_MOVE_DIM
+    ref = _run(model0, X, y, "dense", iters=16)
+    hist, W = _run(model0, X, y, "kernel", iters=16, _certificate_scale=0.3)
     with pytest.raises(AssertionError):
         assert_same_trajectory(hist, W, *ref)
 

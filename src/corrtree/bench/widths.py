@@ -14,6 +14,7 @@ final loss the loss of its final weights from a dense forward pass.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 from typing import Any
@@ -91,7 +92,11 @@ def run(
             continue
         widths = c["log2m"][: p["widths"]] if p["widths"] else c["log2m"]
         iters = p["iters"] or c["iters"]
-        results[name] = {"case": {**c, "iters": iters}, "runs": []}
+        results[name] = {
+            "case": {**c, "iters": iters},
+            "runs": [],
+            "measured": datetime.date.today().isoformat(),
+        }
         for k in widths:
             m = max(256, int(2**k * p["scale_m"]))
             common = (c["data"], c["args"], p["scale_n"], m, iters, p["measured"], NO_BUDGET)

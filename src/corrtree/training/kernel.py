@@ -267,7 +267,8 @@ class KernelTrainer(BandTrainer):
             if self._own:
                 own_clocks(
                     st.seg, st.nf, st.pool.arrays, self.a, err, st.xnorm, self._scalars(),
-                    self.anchor_drift, self.clock, self._due,
+                    self.anchor_drift, self.clock, self._due, self.X,
+                    self.X.shape[1] <= _config.OWN_CLOCK_MOVE_DIM,
                 )  # fmt: skip
                 popped = np.flatnonzero(self._due)
             else:
