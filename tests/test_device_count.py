@@ -153,9 +153,10 @@ def _counted(shape: str, method: str, m: int, iters: int = 8):
 def test_device_lazy_steps_are_fixed_shapes(shape):
     """#46's targets for the device lazy trainer, counted on the CPU on W1's and W2's
     shapes: every step after the first three at most 2 host synchronizations and 150
-    launches (every row's values by GEMM, the expired rows re-anchored in a batch, the
-    outputs by GEMM, one transfer), the first three at most 8 and 300; re-anchoring in
-    every step, so the batch is exercised."""
+    launches (every row's values by GEMM, the number expired read, the expired rows
+    re-anchored in a batch of their capacity, the outputs by GEMM, one transfer), the
+    first three at most 8 and 300; re-anchoring in every step, so the batch is
+    exercised."""
     got = _counted(shape, "lazy", 1024)
     steps, hist = got["steps"], got["history"]
     assert sum(hist.reanchored[3:]) > 0

@@ -20,10 +20,11 @@ with a coefficient.  ``W(t) = W(0) - C(t) X``; per step, for all neurons at once
   spread over the points and multiplied by the output weights (one GEMM: a fixed
   order, no atomic accumulation).
 
-Every shape in a step is fixed by the run's sizes and the batch's capacity, and the
-step ends with one transfer (the History row's counts and ``u(t+1)``): no other host
-synchronization (``tests/test_device_count.py`` counts them).  Rows that outgrow the
-batch or the tracked width are re-anchored in one more pass after it.  Per step
+Every shape in a step is fixed by the run's sizes and the batch's capacity, and a step
+is two transfers: the number of expired rows, which sizes the batch (none when none
+expired), and at the end the History row's counts and ``u(t+1)``; no other host
+synchronization (``tests/test_device_count.py`` counts them).  Rows whose new pairs
+outgrow the tracked width are re-anchored in one more pass after it.  Per step
 O(m·(n+1)·min(n+1, 2d)) GEMM flops plus the re-anchored rows' GEMMs, against dense's
 O(m·n·d): on a GPU the matrix products cost less than the gathers of the Gram identity
 (one gathered entry about 1 600 float64 flops on an H200).  Unlike the CPU lazy trainer
@@ -451,8 +452,9 @@ class DeviceLazyTrainer(DeviceBand):
         (
             Scalar("band", float, 0.0),
             Scalar("flips_next", int, 0),
-            # the rows re-anchored in the last two steps: the next batch's size, so that a
-            # resumed run batches (and rounds) as the uninterrupted one
+            # the rows re-anchored in the last two steps, a record (each step sizes its
+            # batch from its own count of expired rows, so a resumed run batches as the
+            # uninterrupted one)
             Scalar("reanchored_before", int, 0, "m"),
             Scalar("reanchored", int, 0, "m"),
         ),
@@ -464,8 +466,7 @@ class DeviceLazyTrainer(DeviceBand):
         rows = self._empty_rows(W0, device, band)
         self.C = self._anchor(rows, self.torch.zeros_like(self.uref))
         self._evaluate()  # at W(0) every row is at its anchor: none expired
-        # the rows re-anchored in the last steps: the next step's batch (capacity)
-        self._recent = [self.m, self.m]
+        self._recent = [self.m, self.m]  # the rows re-anchored in the last two steps
 
     def _coef(self, idx):
         return self.C[idx]
@@ -528,10 +529,11 @@ class DeviceLazyTrainer(DeviceBand):
 
     def advance(self, err: np.ndarray, step: LinearStep | None = None) -> dict[str, Any]:
         """One step in fixed shapes: the coefficients, every row's values by GEMM, the
-        expired rows re-anchored in a batch sized from the last steps (:func:`capacity`),
-        the outputs by GEMM, and one transfer carrying the History row and ``u(t+1)``.
-        Expired rows that outgrow the batch or the tracked width are re-anchored in one
-        more pass (the width grown with :data:`_SLACK` to spare), one more transfer each."""
+        number expired read (one transfer), the expired rows re-anchored in a batch of
+        their :func:`capacity`, the outputs by GEMM, and one transfer carrying the
+        History row and ``u(t+1)``.  Expired rows whose new pairs outgrow the tracked
+        width are re-anchored in one more pass (the width grown with :data:`_SLACK` to
+        spare), one more transfer each."""
         torch = self.torch
         self._refuse_linear(step)
         n, m, K, f64 = self.n, self.m, self.At.shape[1], self._f64
@@ -547,9 +549,10 @@ class DeviceLazyTrainer(DeviceBand):
             expired = self._evaluate()
             done = torch.zeros(m, dtype=torch.bool, device=self.device)
             batch, need, first = 0, 0, True
-            # twice the last steps' re-anchored rows, 64 at the least (capacity): a step
-            # that re-anchors after quiet ones needs no second pass
-            cap = capacity(max(1, 2 * max(self._recent)), m)
+            # the number expired read first (one transfer): the batch holds them all
+            # (capacity), none when none expired, and a second pass is needed only for
+            # rows whose new pairs outgrow the tracked width
+            cap = capacity(int(expired.sum()), m)
             while True:
                 todo = expired if first else expired & ~done
                 if cap:
