@@ -166,6 +166,26 @@ def test_device_lazy_steps_are_fixed_shapes(shape):
         assert c.syncs <= 2 and c.launches <= 150 and c.uploads == 0, c.as_dict()
 
 
+def test_device_lazy_batch_holds_exactly_the_expired_rows(monkeypatch):
+    """Each re-anchoring batch of the device lazy trainer is the :func:`capacity` of the
+    rows it re-anchors (the step's own count, read first), never a batch sized from
+    earlier steps; the trajectory is dense's."""
+    from corrtree.training import device_band
+
+    batches = []
+    inner = device_band.DeviceLazyTrainer._reanchor
+
+    def counted(self, rows, live, before):
+        batches.append((rows.numel(), int(live.sum()), self.m))
+        return inner(self, rows, live, before)
+
+    monkeypatch.setattr(device_band.DeviceLazyTrainer, "_reanchor", counted)
+    got = _counted("W1", "lazy", 1024)
+    assert sum(got["history"].reanchored[1:]) > 0 and len(batches) > 3
+    for size, live, m in batches:
+        assert live > 0 and size == device_band.capacity(live, m), (size, live)
+
+
 @pytest.mark.parametrize("shape", ["W1", "W2"])
 def test_device_kernel_steps_are_fixed_shapes_whatever_the_width(shape):
     """The device kernel trainer on W1's and W2's shapes: every step after the first

@@ -168,6 +168,37 @@ def test_too_tight_own_clocks_are_caught(monkeypatch):
         assert_same_trajectory(hist, W, *ref)
 
 
+def test_own_clocks_visit_fewer_neurons_with_the_steps_own_norm(monkeypatch):
+    """On low-dimensional data (scikit-learn's diabetes set, d = 10) the step's own norm
+    makes fewer neurons due than the triangle and σ bounds alone, and the trajectory is
+    the dense one either way."""
+    from sklearn.datasets import load_diabetes
+
+    from corrtree import _config
+    from corrtree.training import kernel
+
+    X, y = load_diabetes(return_X_y=True)
+    X, y = (X - X.mean(0)) / X.std(0), (y - y.mean()) / y.std()
+    X, y = X[:200], y[:200]
+    model0 = ct.TwoLayerReLU.init(d=10, m=2048, seed=3)
+    ref = _run(model0, X, y, "dense", iters=30)
+    visited = {}
+    inner = kernel.KernelTrainer._visit
+    for move in (True, False):
+        monkeypatch.setattr(_config, "OWN_CLOCK_MOVE_DIM", 16 if move else 0)
+        rows = []
+
+        def counted(self, r, *args, rows=rows, **kwargs):
+            rows.append(len(r))
+            return inner(self, r, *args, **kwargs)
+
+        monkeypatch.setattr(kernel.KernelTrainer, "_visit", counted)
+        hist, W = _run(model0, X, y, "kernel", iters=30)
+        assert_same_trajectory(hist, W, *ref)
+        visited[move] = sum(rows)
+    assert visited[True] < 0.9 * visited[False], visited
+
+
 @pytest.mark.parametrize("method", FAST)
 def test_many_flips_and_none(method):
     X, y, model0 = _problem(50, 1200, 10, 1, 7)
