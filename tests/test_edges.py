@@ -199,8 +199,10 @@ def test_a_dask_worker_refuses_its_shard_before_allocating():
         memory_limit="1GiB",
     )
     try:
-        with Client(cluster) as client, pytest.raises(MemoryError) as err:
-            ct.train(model, X, y, method="kernel", iters=2, client=client)
+        with Client(cluster) as client:
+            client.wait_for_workers(2, timeout=120)
+            with pytest.raises(MemoryError) as err:
+                ct.train(model, X, y, method="kernel", iters=2, client=client)
     finally:
         cluster.close()
     msg = str(err.value)

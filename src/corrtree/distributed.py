@@ -379,7 +379,11 @@ def local_client(workers: int, threads: int = 1):
         dashboard_address=None,
         env=env,
     )
-    return Client(cluster)
+    client = Client(cluster)
+    # the cluster returns once its worker processes start, which may be before each has
+    # registered with the scheduler; a run sized from the registered workers must see all
+    client.wait_for_workers(workers, timeout=120)
+    return client
 
 
 # ---------------------------------------------------------------------------------------
