@@ -245,15 +245,13 @@ _BY_GEMMS = {
 }
 
 
-@pytest.mark.parametrize("by_gram", [True, False])
 @pytest.mark.parametrize("route", ["scatters", "gemms"])
 @pytest.mark.parametrize("K", [1, 3])
-def test_device_kernel_each_route_follows_the_dense_trajectory(monkeypatch, K, route, by_gram):
-    """The device kernel trainer's two ways of each choice: values and distances by the
-    Gram matrix ``ΔC·G`` or by the moves ``ΔC·X`` and a GEMM against the points; flips
-    into ``N`` entry by entry or by float32 GEMMs of the visited rows with ``H``
-    rebuilt.  The dense trajectory and its History either way, re-anchoring included,
-    and ``H`` equal to the one built from the final fire sets."""
+def test_device_kernel_each_route_follows_the_dense_trajectory(monkeypatch, K, route):
+    """The device kernel trainer's two ways of changing ``N``: entry by entry, or by
+    float32 GEMMs of the visited rows with ``H`` rebuilt.  The dense trajectory and its
+    History either way, re-anchoring included, and ``H`` equal to the one built from the
+    final fire sets."""
     from corrtree import _config
     from corrtree.training.device_kernel import DeviceKernelTrainer
 
@@ -267,7 +265,6 @@ def test_device_kernel_each_route_follows_the_dense_trajectory(monkeypatch, K, r
         return add(self, *args, **kwargs)
 
     def counts(self):
-        self._by_gram = by_gram
         trainers.append(self)
         return keep(self)
 
@@ -287,10 +284,49 @@ def test_device_kernel_each_route_follows_the_dense_trajectory(monkeypatch, K, r
     np.testing.assert_allclose(kernel.W, dense.W, rtol=0, atol=1e-9)
     assert hk.fired_pairs == hd.fired_pairs and hk.flips == hd.flips
     (t,) = trainers
-    assert t._by_gram == by_gram
     H = t.H.clone()
     t._counts()  # N and H from the fire sets as they are
     assert bool((t.H == H).all())
+
+
+def test_device_kernel_visit_reanchors_each_row_at_its_exact_products(monkeypatch):
+    """A visit re-anchors every row it visits at ``W(t+1)``: afterwards the row's clock is
+    0, its tracked points hold every point whose product is within its band of ``b``, and
+    its anchored products are ``<w_r(t+1), x_j>`` of the dense trajectory's row, to
+    rounding."""
+    from corrtree.training.device_kernel import DeviceKernelTrainer
+
+    X, y = _data(n=48, d=8, seed=5)
+    Y = y[:, None]
+    model = ct.TwoLayerReLU.init(d=8, m=2048, seed=6)
+    tr = DeviceKernelTrainer(model, X, Y, X @ X.T, "auto", device=_resolved())
+    visit, visited = DeviceKernelTrainer._visit, []
+
+    def recording(self, idx, live):
+        got = visit(self, idx, live)
+        visited.append(idx[live & ~got[1]].cpu().numpy())  # the rows written
+        return got
+
+    monkeypatch.setattr(DeviceKernelTrainer, "_visit", recording)
+    checked = 0
+    for t in range(10):
+        visited.clear()
+        tr.advance(tr.outputs() - Y)
+        dense = ct.TwoLayerReLU(model.W, model.a, model.b)
+        ct.train(dense, X, y, method="dense", iters=t + 1, lr=tr.lr)
+        rows = np.concatenate(visited) if visited else np.zeros(0, dtype=int)
+        J = tr.J.cpu().numpy()
+        uref, clock = tr.uref.cpu().numpy(), tr.clock.cpu().numpy()
+        beta = tr.beta.cpu().numpy()
+        for r in rows:
+            U = dense.W[r] @ X.T
+            places = J[r][J[r] < tr.n]
+            np.testing.assert_allclose(uref[r, : places.size], U[places], rtol=0, atol=1e-12)
+            assert clock[r] == 0.0
+            inside = np.flatnonzero(U >= model.b - beta[r] + 1e-9)
+            assert np.isin(inside, places).all()
+            checked += 1
+    assert checked > 100
 
 
 def test_device_lazy_certificate_is_what_keeps_it_exact(monkeypatch):

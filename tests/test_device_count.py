@@ -191,10 +191,10 @@ def test_device_kernel_steps_are_fixed_shapes_whatever_the_width(shape):
     """The device kernel trainer on W1's and W2's shapes: every step after the first
     three at most 2 host synchronizations (the transfer of the number due, then the one
     after the visits), and a number of launches that does not grow with the width or
-    the number due (a batch of :func:`capacity` rows, values by GEMM, re-anchoring in a
-    batch).  #46 asks for 150 launches; a step with a visit takes about 310 (the bound
-    below is today's, to be met by capturing the visit on a device)."""
-    kernel_launches = 340
+    the number due (a batch of :func:`capacity` rows, each re-anchored by GEMM).  #46
+    asks for 150 launches; a step with a visit takes about 190 (the bound below is
+    today's, to be met by capturing the visit on a device)."""
+    kernel_launches = 200
     worst = []
     for m in (1024, 4096):
         got = _counted(shape, "kernel", m)

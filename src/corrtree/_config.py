@@ -314,12 +314,13 @@ def ntk_fits(n: int, outputs: int) -> bool:
 #: the mask, the reductions), lazy (the coefficients, every row's values by GEMM, the
 #: re-anchoring batch, the outputs by GEMM, one transfer), kernel without a visit (the
 #: mat-vec, the clocks, the due mask, one transfer) and a kernel visit (one batch of
-#: the due neurons, whatever their number).  Each costs the device's measured launch
-#: time, which on a GPU is what a small problem's iteration costs.
+#: the due neurons re-anchored, whatever their number, and the counts' update).  Each
+#: costs the device's measured launch time, which on a GPU is what a small problem's
+#: iteration costs.
 DEVICE_DENSE_OPS = 12
 DEVICE_LAZY_OPS = 135
-DEVICE_KERNEL_OPS = 35
-DEVICE_VISIT_OPS = 285
+DEVICE_KERNEL_OPS = 33
+DEVICE_VISIT_OPS = 158
 #: The device kernel trainer bounds a step by Gershgorin's σ (one GEMM of a visited
 #: row's fire flags with |G|, 2·(n+1)² flops, recomputed when its fire set changes) when
 #: the mean fire set at the start has at most this many points: σ beats the triangle

@@ -15,7 +15,8 @@ modelled as set-up plus ``iters`` steps:
 - kernel: the set-up GEMM and the count GEMM ``m·(nK)²``; a step streams ``H``
   (``(nK)²``) and the clocks (``m·Q·K`` gathers) and visits a share of the neurons (all
   in the first steps, then a share that grows with the data's coherence and the fired
-  points, as the CPU kernel trainer measured), each by GEMM as lazy's rows; its flips
+  points, as the CPU kernel trainer measured), each re-anchored (its row rebuilt from
+  ``W(0)`` and multiplied with every point: ``4·(n+1)·d`` flops); its flips
   change ``N`` by float32 GEMMs of the flipped rows (``4·(nK)²`` flops a row) or write
   ``Q·K²`` entries of ``N`` and ``H`` a flip (the CPU model's flips,
   :func:`.costs.expected_flips`), whichever costs less.
@@ -128,7 +129,9 @@ def estimate_device(
         )
         step = nK * nK / rates["stream"] + m * Q * K / rates["gather"] + counts
         step += (_config.DEVICE_KERNEL_OPS + _config.DEVICE_VISIT_OPS) * launch
-        return pre + iters * step + visited * values
+        # a visit re-anchors: the row rebuilt from W(0) and multiplied with every point
+        rebuilt = m * (4.0 * (n + 1) * d / rates["gemm"] + d / rates["gather"])
+        return pre + iters * step + visited * rebuilt
     raise ValueError(f"no device cost model for method {method!r}")
 
 

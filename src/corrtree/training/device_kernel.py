@@ -20,15 +20,16 @@ so a step is one mat-vec, plus the work on the neurons whose pairs may cross:
   visit), and its band, ``β/R`` less its distance from its anchor.  Short of that no
   tracked pair crossed and no untracked pair fires.  The mask is recomputed each step
   (O(m·Q) for the clocks), no heap.
-- **A visit** (the due neurons in one batch of :func:`~.device_band.capacity` rows,
-  fixed shapes): values and distances by GEMM (:meth:`DeviceBand._gemm_values`),
-  re-anchoring past the band in a batch of the rows whose band key passed, flips found
-  by place, ``u`` corrected by ``Σ (a_r/√m)(V - b)(F_new - F_old)`` (the flips spread
-  over the points, one GEMM with the output weights: no atomics), and, once the
-  visit's counts are read, the count matrix ``N = Σ_r (a_r a_rᵀ) ⊗ f_r f_rᵀ`` changed by
-  float32 GEMMs of the flipped rows or at the entries the flips touch (each in a batch
-  of their number), whichever the device's rates price lower, then ``H = N ∘ G / m``
-  recomputed there.
+- **A visit re-anchors** (the due neurons in one batch of
+  :func:`~.device_band.capacity` rows, fixed shapes): each row rebuilt from ``W(0)`` and
+  its coefficients and multiplied with every point (two GEMMs), its tracked pairs the
+  points within its band of ``b`` and every pair with a coefficient or that fired, each
+  at its exact product with a fresh key; flips found by place, ``u`` corrected by
+  ``Σ (a_r/√m)(V - b)(F_new - F_old)`` (the flips spread over the points, one GEMM with
+  the output weights: no atomics), and, once the visit's counts are read, the count
+  matrix ``N = Σ_r (a_r a_rᵀ) ⊗ f_r f_rᵀ`` changed by float32 GEMMs of the flipped rows
+  or at the entries the flips touch (each in a batch of their number), whichever the
+  device's rates price lower, then ``H = N ∘ G / m`` recomputed there.
 
 A step is two transfers at most: the number due with the History row (and ``u(t+1)``
 if nothing is due), then the visit's counts with ``u(t+1)``.  Rows whose new pairs
@@ -60,7 +61,6 @@ from .device_band import (
     DeviceBand,
     capacity,
     compact,
-    marked_first,
 )
 from .optim import LinearStep
 
@@ -171,6 +171,9 @@ class DeviceKernelTrainer(DeviceBand):
         nK = self.n * self.At.shape[1]
         self.N = torch.zeros((nK, nK), dtype=self._f64, device=self.device)
         self.H = torch.empty_like(self.N)
+        # the signs of new and old flags in :meth:`_add_counts`, made once
+        self._signs = torch.tensor([1.0, -1.0], dtype=torch.float32, device=self.device)
+        self._signs = self._signs[None, :, None, None]
         self._add_counts(self.J, self.F, self.At)
         self._rebuild_h()
         self.nfire.copy_(self.F.sum(dim=1))
@@ -189,15 +192,19 @@ class DeviceKernelTrainer(DeviceBand):
         if old is not None:
             step = max(1, step // 2)
         for s in range(0, J.shape[0], step):
-            a = A[s : s + step, None, :].to(f32)
-            M = self._by_point(J[s : s + step], F[s : s + step].to(f32))[:, :n, None] * a
-            M = M.reshape(-1, nK)
+            Js, a = J[s : s + step], A[s : s + step].to(f32)
             if old is None:
+                M = self._by_point(Js, F[s : s + step].to(f32))[:, :n, None] * a[:, None, :]
+                M = M.reshape(-1, nK)
                 self.N.add_(M.T @ M)
                 continue
-            Mo = self._by_point(J[s : s + step], old[s : s + step].to(f32))[:, :n, None] * a
-            Mo = Mo.reshape(-1, nK)
-            self.N.add_(torch.cat((M, Mo)).T @ torch.cat((M, -Mo)))
+            # both flags of each row by point in one scatter, then [M; M_old]ᵀ·[M; -M_old]
+            by = torch.zeros((Js.shape[0], 2, n + 1), dtype=f32, device=self.device)
+            flags = torch.stack((F[s : s + step], old[s : s + step]), dim=1).to(f32)
+            by.scatter_(2, Js[:, None, :].expand(-1, 2, -1), flags)
+            M = by[:, :, :n, None] * a[:, None, None, :]
+            signed = (M * self._signs).reshape(-1, nK)
+            self.N.add_(M.reshape(-1, nK).T @ signed)
 
     def _rebuild_h(self) -> None:
         """``H = N ∘ G / m`` everywhere (:meth:`_ntk_at`), by blocks of rows: the
@@ -207,7 +214,8 @@ class DeviceKernelTrainer(DeviceBand):
         K = self.At.shape[1]
         nK = self.N.shape[0]
         if K == 1:
-            self.H.copy_(self.N * self.Gp[: self.n, : self.n] / float(self.width))
+            torch.mul(self.N, self.Gp[: self.n, : self.n], out=self.H)
+            self.H.div_(float(self.width))
             return
         every = torch.arange(nK, device=self.device)
         block = max(1, int(_CHUNK_SHARE * free_bytes(self.device) // (24.0 * nK)))
@@ -246,7 +254,7 @@ class DeviceKernelTrainer(DeviceBand):
         scattered = entries / rate["scatters"] + 30 * rate["launch"]
         fits = 8.0 * k * nK <= _CHUNK_SHARE * free_bytes(self.device)  # the rows' products
         if fits and by_gemm <= scattered:
-            rows, live = compact(torch, changed.any(dim=1), k)
+            rows, live = compact(torch, changed.any(dim=1), k, self._arange(changed.shape[0]))
             w = live[:, None]
             self._add_counts(J[rows], fn[rows] & w, A[rows], old=fo[rows] & w)
             self._rebuild_h()
@@ -298,6 +306,12 @@ class DeviceKernelTrainer(DeviceBand):
         """``<a_r, E_j>`` at the first ``width`` places (all: ``None``) of rows ``idx``."""
         return (Ep[self.J[idx, :width]] * self.At[idx, None, :]).sum(dim=2)
 
+    def _own_at(self, J, A):
+        """``<a_r, E_j>`` at places ``J`` of rows with output weights ``A``."""
+        if A.shape[1] == 1:
+            return self.Ep[:, 0][J] * A
+        return (self.Ep[J] * A[:, None, :]).sum(dim=2)
+
     def _coef(self, idx, width: int | None = None):
         g = self._own(idx, self.Ep, width)
         F = self.F[idx, :width]
@@ -323,7 +337,8 @@ class DeviceKernelTrainer(DeviceBand):
     def _band_keys(self, beta, allow, clock, D=None):
         """The clock at which rows of band half-width ``beta`` may leave their band, from
         their distance ``D`` from the anchor at clock ``clock`` (0 when ``None``)."""
-        key = clock + (beta - allow) / (self.R * (1.0 + 1e-12))
+        key = (beta - allow) / (self.R * (1.0 + 1e-12))
+        key = key if clock is None else clock + key
         return key if D is None else key - D
 
     def _limits(self, J, key, bandkey):
@@ -343,10 +358,11 @@ class DeviceKernelTrainer(DeviceBand):
             e = E[self.Jf, 0]  # |<a_r, err_l>| = |err_l|
         else:
             e = (E[self.Jf] * self.At[:, None, :]).sum(dim=2)
-        tri = (e.abs() * self.XNf).sum(dim=1)
-        two = self.sigma * torch.sqrt((e * e).sum(dim=1))
-        bound = torch.where(torch.isinf(self.sigma), tri, torch.minimum(tri, two))
-        return self.eta_s * bound * (1.0 + 4.0 * (self.Jf.shape[1] + 4) * _EPS)
+        bound = (e.abs() * self.XNf).sum(dim=1)
+        if self._sigmas:  # some σ is known: the lesser bound where it is
+            two = self.sigma * torch.sqrt((e * e).sum(dim=1))
+            bound = torch.where(torch.isinf(self.sigma), bound, torch.minimum(bound, two))
+        return bound * (self.eta_s * (1.0 + 4.0 * (self.Jf.shape[1] + 4) * _EPS))
 
     def _new_lists(self) -> None:
         """Every row's compact fire set (:meth:`_fire_lists`), the lists as wide as the
@@ -357,8 +373,13 @@ class DeviceKernelTrainer(DeviceBand):
         and the triangle bound is as good, so σ stays inf).  One read for both."""
         torch = self.torch
         sizes = self.F.sum(dim=1)
-        most, total, rows = torch.stack((sizes.max(), sizes.sum(), sizes.gt(0).sum())).tolist()
+        known = torch.isfinite(self.sigma).sum()
+        most, total, rows, known = torch.stack(
+            (sizes.max(), sizes.sum(), sizes.gt(0).sum(), known)
+        ).tolist()
         self._use_sigma = total <= _config.DEVICE_SIGMA_POINTS * max(1, rows)
+        # σ bounds the steps once a visit computes one (a resumed run: as it was saved)
+        self._sigmas = self._use_sigma or known > 0
         Pf = max(1, int(most))
         self.Jf = torch.full(
             (self.m, Pf + Pf // _SLACK), self.n, dtype=torch.int64, device=self.device
@@ -366,23 +387,28 @@ class DeviceKernelTrainer(DeviceBand):
         self.XNf = self.xnorm[self.Jf]
         self._fire_lists(torch.arange(self.m, device=self.device), self.F)
 
-    def _fire_lists(self, idx, F, J=None):
+    def _fire_lists(self, idx, F, J=None, nfire=None):
         """The compact fire sets of rows ``idx`` (flags ``F`` at their places ``J``, by
-        default theirs): their points first (the pad ``n`` after) and their norms, at
-        the lists' width.  Returns the most points a row of them fires on (a device
-        scalar): a caller that finds it above the width widens the lists
-        (:meth:`_widen_lists`) and lists the rows again."""
+        default theirs; ``nfire``: their numbers of fired places, when known): their
+        points first (the pad ``n`` after) and their norms, at the lists' width.
+        Returns the most points a row of them fires on (a device scalar): a caller that
+        finds it above the width widens the lists (:meth:`_widen_lists`) and lists the
+        rows again."""
         torch = self.torch
         if J is None:
             J = self.J[idx, : F.shape[1]]
         Pf = self.Jf.shape[1]
         k = min(F.shape[1], Pf)  # the rows' places may be fewer than the lists'
-        first = marked_first(torch, F, k)
-        fired = torch.gather(F, 1, first)
-        lists = torch.full((idx.numel(), Pf), self.n, dtype=J.dtype, device=J.device)
-        lists[:, :k] = torch.where(fired, torch.gather(J, 1, first), self.n)
+        # the fired places first, in order (a stable sort of the flags), and their flags
+        flags, first = torch.sort(F.to(torch.uint8), dim=1, descending=True, stable=True)
+        points = torch.where(flags[:, :k] > 0, torch.gather(J, 1, first[:, :k]), self.n)
+        if k < Pf:
+            lists = torch.full((idx.numel(), Pf), self.n, dtype=J.dtype, device=J.device)
+            lists[:, :k] = points
+        else:
+            lists = points
         self.Jf[idx], self.XNf[idx] = lists, self.xnorm[lists]
-        return F.sum(dim=1).max()
+        return (F.sum(dim=1) if nfire is None else nfire).max()
 
     def _widen_lists(self, width: int) -> None:
         torch = self.torch
@@ -407,17 +433,19 @@ class DeviceKernelTrainer(DeviceBand):
         return _config.DEVICE_RATES.get(self.device.type, _config.DEVICE_RATES["cpu"])
 
     # -- a visit -------------------------------------------------------------------------
-    def _visit(self, idx, live, nband: int):
+    def _visit(self, idx, live):
         """Visit the rows of ``idx`` that ``live`` marks at ``W(t+1)``, in fixed shapes
         (the others are read and written back as they were; each pack read and written
-        once): every value and distance by GEMM (:meth:`DeviceBand._gemm_values`); the
-        rows whose band key passed and whose distance may exceed the band re-anchored in
-        a batch of :func:`~.device_band.capacity` ``(nband)`` rows, ``nband`` the rows
-        whose band key passed; every tracked pair's value and key (the GEMM gives the
-        whole row: fresh keys move the row's limit as far as they can); flips (``κ``
-        and the outputs, corrected by one GEMM of the flips by point with the output
-        weights; ``N`` and ``H`` once the counts are read); ``σ`` where the fire set
-        changed, keys, fire lists.
+        once): a visit re-anchors.  Each row is rebuilt, ``w_r(t+1) = w_r(0) - C_r·X``,
+        and multiplied with every point (:meth:`DeviceBand._anchor_pick`, two GEMMs:
+        ``2·(n+1)·d + 2·n·d`` flops a row, as many as the values by the move and within
+        1.5× of those by the Gram identity, where the launches, not the flops, are a
+        small step's cost); its tracked pairs become the points within its band of ``b``
+        and every pair with a coefficient or that fired, their products exact now, its
+        clock 0 and its keys fresh (fresh keys move the row's limit as far as they can).
+        Flips (``κ`` and the outputs, corrected by one GEMM of the flips by point with
+        the output weights; ``N`` and ``H`` once the counts are read), ``σ`` where the
+        fire set changed, keys, fire lists.
 
         Returns device scalars ``(re-anchored, values, flips, width, lists, touched)``,
         the mask (over ``idx``) of the rows left as they were because their new pairs
@@ -427,66 +455,53 @@ class DeviceKernelTrainer(DeviceBand):
         two ways)."""
         torch = self.torch
         n, Q, f64 = self.n, self.J.shape[1], self._f64
-        J, fo, A, Ep = self.J[idx], self.F[idx], self.At[idx], self.Ep
-        places = self.rowsQ[idx]
-        uref, cref, kap, key = places.unbind(1)
+        J, fo, A = self.J[idx], self.F[idx], self.At[idx]
+        uref, cref, kap, key = self.rowsQ[idx].unbind(1)
         beta, sigma, bandkey, clock, _, _ = self.rowsS[idx].unbind(1)
-        g = (Ep[J] * A[:, None, :]).sum(dim=2)  # <a_r, E_j>
-        C = kap + torch.where(fo, self.eta_s * g, 0.0)
-        banded = live & (clock >= bandkey)
-        # every tracked pair of a visited row: the GEMM gives all its values at once, and
-        # fresh keys for all of them move the row's limit as far as they can
-        due = live[:, None] & (J < n)
-        V, D = self._gemm_values(J, C, cref, uref)
-        bad = banded & self._expired(beta, D)
-        due &= ~bad[:, None]
-        skip, width = torch.zeros_like(live), torch.zeros((), dtype=torch.int64, device=self.device)
-        cb = capacity(nband, idx.numel())
-        if cb:
-            sub, alive = compact(torch, bad, cb)
-            Js, fs = J[sub], fo[sub]
-            U, Cd, kept = self._anchor_pick(idx[sub], C[sub], keep=fs, J=Js, beta=beta[sub])
-            wide = kept.sum(dim=1)
-            ok = alive & (wide <= Q)
-            width = torch.where(alive & ~ok, wide, 0).max()
-            newJ, Un, Cn = self._anchor_places(U, Cd, kept)
-            w = ok[:, None]
-            # a written row's places are all new: its products, coefficients, the old
-            # flags and κ moved there by point, every pair due
-            kn = torch.gather(self._by_point(Js, kap[sub]), 1, newJ)
-            fresh = torch.stack((Un, Cn, kn, key[sub]), dim=1)
-            places[sub] = torch.where(w[:, None], fresh, places[sub])
-            J[sub] = newJ = torch.where(w, newJ, Js)
-            fo[sub] = torch.where(w, torch.gather(self._by_point(Js, fs), 1, newJ), fs)
-            C[sub] = torch.where(w, Cn, C[sub])
-            V[sub] = torch.where(w, Un, V[sub])
-            due[sub] = torch.where(w, newJ < n, due[sub])
-            g[sub] = torch.where(w, (Ep[newJ] * A[sub, None, :]).sum(dim=2), g[sub])
-            written = torch.zeros_like(live)
-            written[sub] = ok
-            skip, bad = bad & ~written, bad & written
-            live = live & ~skip
-        clock = torch.where(bad, 0.0, clock)
-        D = torch.where(bad, 0.0, D)
-        fn = torch.where(due, V >= self.b, fo) & (J < n)
+        C = kap + torch.where(fo, self.eta_s * self._own_at(J, A), 0.0)
+        # C, κ and the fire flags by point, in one scatter (the pad point's column 0)
+        by = torch.zeros((J.shape[0], 3, n + 1), dtype=f64, device=self.device)
+        by.scatter_(2, J[:, None, :].expand(-1, 3, -1), torch.stack((C, kap, fo.to(f64)), 1))
+        Cd = by[:, 0]
+        U = self._current_rows(idx, Cd) @ self.Xp.T  # every product now, (k, n + 1)
+        kept = (U[:, :n] >= self.b - beta[:, None]) | (by[:, :, :n] != 0).any(dim=1)
+        wide = kept.sum(dim=1)
+        ok = live & (wide <= Q)  # the others wait for a wider Q, as they were
+        width = torch.where(live, wide, 0).max()  # above Q only where a row is not ok
+        newJ, V, Cn = self._anchor_places(U, Cd, kept)
+        w = ok[:, None]
+        # κ and the flags at the new places (an untracked pair has κ = 0 and is off)
+        moved = torch.gather(by[:, 1:], 2, newJ[:, None, :].expand(-1, 2, -1))
+        J = torch.where(w, newJ, J)
+        due = w & (J < n)
+        fo = torch.where(w, moved[:, 1] > 0, fo)
+        kap = torch.where(w, moved[:, 0], kap)
+        fn = torch.where(due, V >= self.b, fo)
         changed = fn != fo
-        kap = torch.where(changed, C - torch.where(fn, self.eta_s * g, 0.0), kap)
-        delta = torch.where(changed, (V - self.b) * (fn.to(f64) - fo.to(f64)), 0.0)
+        g = torch.where(fn, self.eta_s * self._own_at(J, A), 0.0)
+        kap = torch.where(changed, Cn - g, kap)
+        over = V - self.b
+        delta = torch.where(changed, torch.where(fn, over, -over), 0.0)  # (V - b)(f - f_old)
         self.u_dev += (self._by_point(J, delta)[:, :n].T @ A) * (self.scale * self.alpha)
-        allow = self._allow(C, cref, uref)
-        key = torch.where(due | bad[:, None], self._keys(J, V, allow, clock), key)
-        bandkey = torch.where(banded & live, self._band_keys(beta, allow, clock, D), bandkey)
+        # the rounding of values from this anchor on (no coefficient moved yet)
+        allow = 8.0 * (max(Q, n + 1) + self.X.shape[1] + 2) * _EPS * V.abs().amax(dim=1)
+        gap = (over.abs() - allow[:, None]) / self.xnorm[J]
+        fresh = torch.stack((V, Cn, kap, torch.where(due, gap, np.inf)), dim=1)
+        places = torch.where(w[:, None], fresh, torch.stack((uref, cref, kap, key), dim=1))
+        bandkey = torch.where(ok, self._band_keys(beta, allow, None), bandkey)
+        clock = torch.where(ok, 0.0, clock)
         if self._use_sigma:  # σ where the fire set changed (or is not known yet)
-            redo = live & (changed.any(dim=1) | torch.isinf(sigma))
+            redo = ok & (changed.any(dim=1) | torch.isinf(sigma))
             sigma = torch.where(redo, self._sigma(fn, J), sigma)
-        limit, nfire = self._limits(J, key, bandkey), fn.sum(dim=1)
-        self.rowsQ[idx] = torch.stack((uref, cref, kap, key), dim=1)
+        # a pad's key is inf (here and where the rows were widened)
+        limit, nfire = torch.minimum(places[:, 3].amin(dim=1), bandkey), fn.sum(dim=1)
+        self.rowsQ[idx] = places
         self.rowsS[idx] = torch.stack((beta, sigma, bandkey, clock, limit, nfire.to(f64)), dim=1)
         self.J[idx], self.F[idx] = J, fn
-        lists = self._fire_lists(idx, fn, J)
-        touched = changed.any(dim=1).sum()
-        counts = (bad.sum(), due.sum(), changed.sum(), width, lists, touched)
-        return counts, skip, (J, fo, fn, changed, A)
+        lists = self._fire_lists(idx, fn, J, nfire)
+        touched = changed.any(dim=1)
+        counts = torch.stack((ok.sum(), due.sum(), changed.sum(), width, lists, touched.sum()))
+        return counts, live & ~ok, (J, fo, fn, changed, A)
 
     # -- the trainer's interface ----------------------------------------------------------
     def _top_eigenvalue(self, G: np.ndarray, X: np.ndarray) -> tuple[float, float]:
@@ -527,16 +542,15 @@ class DeviceKernelTrainer(DeviceBand):
         with self.timer("query"):
             # a neuron that did not move keeps its pairs' sides
             due = (self.clock >= self.limit) & (moves > 0)
-            band = (due & (self.clock >= self.bandkey)).sum()
             # one transfer carries what the host decides on (the History row, the number
             # due) and u(t+1) as it is if nothing is due (counts are exact in float64)
-            head = torch.cat((stats, due.sum().reshape(1), band.reshape(1))).to(f64)
+            head = torch.cat((stats, due.sum().reshape(1))).to(f64)
             head = torch.cat((head, self.u_dev.reshape(-1))).cpu().numpy()
-            ndue, nband = int(head[3]), int(head[4])
-            self.u = np.array(head[5:].reshape(n, K))  # unless a visit flips a pair
+            ndue = int(head[3])
+            self.u = np.array(head[4:].reshape(n, K))  # unless a visit flips a pair
             totals = np.zeros(3)  # re-anchored, values, flips
             while ndue:
-                todo, got = self._visit_due(due, ndue, nband)
+                todo, got = self._visit_due(due, ndue)
                 totals += got[:3]
                 width, lists, left = (int(v) for v in got[3:])
                 if lists > self.Jf.shape[1]:  # a fire set outgrew the lists: list again
@@ -544,7 +558,7 @@ class DeviceKernelTrainer(DeviceBand):
                     self._fire_lists(torch.arange(self.m, device=self.device), self.F)
                 if width > self.J.shape[1]:  # rows whose new pairs outgrow the width
                     self._widen(width + width // _SLACK)
-                due, ndue, nband = todo, left, left
+                due, ndue = todo, left
         with self.timer("forward"):
             flips_row, self._flips_next = self._flips_next, int(totals[2])
         return self._row(
@@ -556,20 +570,20 @@ class DeviceKernelTrainer(DeviceBand):
             evaluated_pairs=int(totals[1]),
         )
 
-    def _visit_due(self, due, ndue: int, nband: int):
+    def _visit_due(self, due, ndue: int):
         """The ``ndue`` rows ``due`` marks visited in a batch of :func:`capacity`
         rows, by chunks within a share of the device's memory; one transfer brings
         back the visits' counts (:meth:`_visit`), the rows left for a pass after
         widening, and ``u(t+1)``.  Returns the mask of those rows and the counts."""
         torch = self.torch
-        rows, live = compact(torch, due, capacity(ndue, self.m))
+        rows, live = compact(torch, due, capacity(ndue, self.m), self._arange(self.m))
         n, d, Q = self.n, self.X.shape[1], self.J.shape[1]
         per = 8.0 * (12.0 * Q + 8.0 * (n + 1) + 2.0 * d) + 4.0 * n * self.At.shape[1]
         step = max(1, int(_CHUNK_SHARE * free_bytes(self.device) // per))
         counts, skips, flips = [], [], []
         for s in range(0, rows.numel(), step):
-            got, skip, changes = self._visit(rows[s : s + step], live[s : s + step], nband)
-            counts.append(torch.stack(got))
+            got, skip, changes = self._visit(rows[s : s + step], live[s : s + step])
+            counts.append(got)
             skips.append(skip)
             flips.append(changes)
         todo = torch.zeros_like(due)
