@@ -318,7 +318,7 @@ def ntk_fits(n: int, outputs: int) -> bool:
 #: costs the device's measured launch time, which on a GPU is what a small problem's
 #: iteration costs.
 DEVICE_DENSE_OPS = 12
-DEVICE_LAZY_OPS = 135
+DEVICE_LAZY_OPS = 128
 DEVICE_KERNEL_OPS = 33
 DEVICE_VISIT_OPS = 158
 #: The device kernel trainer bounds a step by Gershgorin's σ (one GEMM of a visited

@@ -212,12 +212,14 @@ class DeviceBand(Trainer):
         per = 8.0 * (6 * Q + 4 * (n + 1) + d) + extra
         return int(max(1, min(self.m, _CHUNK_SHARE * free_bytes(self.device) // per)))
 
-    def _anchor(self, rows, coef, keep=None):
+    def _anchor(self, rows, coef, keep=None, moved: bool = True):
         """Exact rows of ``rows`` now (GEMM) from their coefficients ``coef`` (at their
         tracked points), and their new tracked pairs: every point within ``β`` of ``b``
         or above, every pair with a coefficient, and the pairs ``keep`` marks (at the old
         points).  The tracked width grows to the widest row (one read of it).  Returns
-        the coefficients at the new points.  O(k·n·d)."""
+        the coefficients at the new points.  ``moved=False``: the coefficients are all
+        0 (the set-up), so the rows are ``W(0)``'s and the GEMM ``C·X`` is skipped.
+        O(k·n·d)."""
         if rows.numel() == 0:
             return coef
         step = self._chunk(self.J.shape[1])
@@ -225,22 +227,24 @@ class DeviceBand(Trainer):
         for s in range(0, rows.numel(), step):
             part, C = rows[s : s + step], coef[s : s + step]
             ks = None if keep is None else keep[s : s + step]
-            picked.append((part, *self._anchor_pick(part, C, ks)))
+            picked.append((part, *self._anchor_pick(part, C, ks, moved=moved)))
         width = max(int(k.sum(dim=1).max()) for *_, k in picked)
         if width > self.J.shape[1]:
             self._widen(width + width // _SLACK)
         return self.torch.cat([self._anchor_write(*p)[0] for p in picked])
 
-    def _anchor_pick(self, part, C, keep=None, J=None, beta=None):
+    def _anchor_pick(self, part, C, keep=None, J=None, beta=None, moved: bool = True):
         """What :meth:`_anchor` keeps of rows ``part`` (their places ``J`` and band
         half-widths ``beta``, read when not given): their products with every point now
         ``U`` ``(k, n + 1)`` (the pad point's column 0), their coefficients by point
-        ``Cd`` and the points kept ``(k, n)``."""
+        ``Cd`` and the points kept ``(k, n)``; ``moved=False``: ``C`` is 0, the rows are
+        ``W(0)``'s."""
         n = self.n
         Jold = self.J[part, : C.shape[1]] if J is None else J  # beyond: pads
         beta = self.beta[part] if beta is None else beta
         Cd = self._by_point(Jold, C)
-        U = self._current_rows(part, Cd) @ self.Xp.T
+        rows = self._current_rows(part, Cd) if moved else self._initial_rows(part)
+        U = rows @ self.Xp.T
         kept = (U[:, :n] >= self.b - beta[:, None]) | (Cd[:, :n] != 0)
         if keep is not None:
             kept |= self._by_point(Jold, keep)[:, :n]
@@ -467,8 +471,10 @@ class DeviceLazyTrainer(DeviceBand):
     def _prepare(self, W0: np.ndarray, device: Any = None, band: float | None = None) -> None:
         self.V = None
         rows = self._empty_rows(W0, device, band)
-        self.C = self._anchor(rows, self.torch.zeros_like(self.uref))
-        self._evaluate()  # at W(0) every row is at its anchor: none expired
+        self.C = self._anchor(rows, self.torch.zeros_like(self.uref), moved=False)
+        # at W(0) every row is at its anchor: its values are its products, none expired
+        self.V = self.uref.clone()
+        self.F = (self.V >= self.b) & (self.J < self.n)
         self._recent = [self.m, self.m]  # the rows re-anchored in the last two steps
 
     def _coef(self, idx):

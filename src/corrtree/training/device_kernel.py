@@ -122,7 +122,7 @@ class DeviceKernelTrainer(DeviceBand):
             torch.zeros(m, dtype=f64, device=self.device) for _ in range(4)
         )
         self._pack()
-        kappa = self._anchor(rows, self.kappa)  # W(0): every coefficient is 0; widens
+        kappa = self._anchor(rows, self.kappa, moved=False)  # W(0): every C is 0; widens
         self.kappa.copy_(kappa)
         self.V = self.uref
         self.F = (self.V >= self.b) & (self.J < n)
@@ -130,10 +130,10 @@ class DeviceKernelTrainer(DeviceBand):
         self.V = None
         self.Ep = torch.zeros((n + 1, K), dtype=f64, device=self.device)
         self._new_lists()
-        allow = self._allow(self.kappa, self.cref, self.uref)
-        self.key.copy_(self._keys(self.J, self.uref, allow, self.clock))
-        self.bandkey.copy_(self._band_keys(self.beta, allow, self.clock))
-        self._set_limits()
+        key, bandkey = self._fresh_keys(self.J, self.uref, self.beta, self.J < n)
+        self.key.copy_(key)
+        self.bandkey.copy_(bandkey)
+        self.limit.copy_(torch.minimum(key.amin(dim=1), bandkey))
         self._counts()
 
     def _pack(self) -> None:
@@ -317,29 +317,21 @@ class DeviceKernelTrainer(DeviceBand):
         F = self.F[idx, :width]
         return self.kappa[idx, :width] + self.torch.where(F, self.eta_s * g, 0.0)
 
-    def _allow(self, C, cref, uref):
-        """The rounding of two evaluations of a value of rows with coefficients ``C``
-        (anchored ``cref`` and products ``uref`` at the same places), by the Gram
-        identity (``Q`` terms) or by the move (``n + 1`` terms, then ``d``): a value
-        within it of ``b`` may be on either side."""
-        dC = (C - cref).abs().sum(dim=1)
-        terms = max(self.J.shape[1], self.n + 1) + self.X.shape[1]
-        return 8.0 * (terms + 2) * _EPS * (uref.abs().amax(dim=1) + dC * self.R * self.R)
-
-    def _keys(self, J, V, allow, clock):
-        """Each tracked pair's key (places ``J``): the clock at which it may cross ``b``,
-        its value ``V`` at clock ``clock``: ``clock + (|V - b| - allow)/||x_j||`` (pads:
-        inf)."""
-        valid = J < self.n
-        gap = ((V - self.b).abs() - allow[:, None]) / self.torch.where(valid, self.xnorm[J], 1.0)
-        return self.torch.where(valid, clock[:, None] + gap, np.inf)
-
-    def _band_keys(self, beta, allow, clock, D=None):
-        """The clock at which rows of band half-width ``beta`` may leave their band, from
-        their distance ``D`` from the anchor at clock ``clock`` (0 when ``None``)."""
-        key = (beta - allow) / (self.R * (1.0 + 1e-12))
-        key = key if clock is None else clock + key
-        return key if D is None else key - D
+    def _fresh_keys(self, J, V, beta, valid, over=None):
+        """The keys of rows anchored now at places ``J`` (``valid`` marks the tracked
+        ones; the others' keys are inf), their products ``V`` (``over``: ``V - b``, when
+        known) and band half-widths ``beta``, at clock 0: each pair's
+        ``(|V - b| - allow)/||x_j||`` and the band key ``(β - allow)/R``, ``allow`` the
+        rounding of a value from this anchor on (by the Gram identity, ``Q`` terms, or by the
+        move, ``n + 1`` terms then ``d``: a value within it of ``b`` may be on either
+        side).  Returns both."""
+        torch = self.torch
+        terms = max(J.shape[1], self.n + 1) + self.X.shape[1]
+        allow = 8.0 * (terms + 2) * _EPS * V.abs().amax(dim=1)
+        over = V - self.b if over is None else over
+        gap = (over.abs() - allow[:, None]) / self.xnorm[J]
+        # a band is left no sooner than a move of (β - allow)/R (the R rounded up)
+        return torch.where(valid, gap, np.inf), (beta - allow) / (self.R * (1.0 + 1e-12))
 
     def _limits(self, J, key, bandkey):
         """A row is due when its clock reaches the least of its keys (pads: never)."""
@@ -381,42 +373,33 @@ class DeviceKernelTrainer(DeviceBand):
         # σ bounds the steps once a visit computes one (a resumed run: as it was saved)
         self._sigmas = self._use_sigma or known > 0
         Pf = max(1, int(most))
-        self.Jf = torch.full(
-            (self.m, Pf + Pf // _SLACK), self.n, dtype=torch.int64, device=self.device
-        )
-        self.XNf = self.xnorm[self.Jf]
-        self._fire_lists(torch.arange(self.m, device=self.device), self.F)
+        self._fire_lists(None, self.F, width=Pf + Pf // _SLACK)
 
-    def _fire_lists(self, idx, F, J=None, nfire=None):
-        """The compact fire sets of rows ``idx`` (flags ``F`` at their places ``J``, by
-        default theirs; ``nfire``: their numbers of fired places, when known): their
-        points first (the pad ``n`` after) and their norms, at the lists' width.
+    def _fire_lists(self, idx, F, J=None, nfire=None, width: int | None = None):
+        """The compact fire sets of rows ``idx`` (``None``: every row, the lists made
+        anew ``width`` wide) (flags ``F`` at their places ``J``, by default theirs;
+        ``nfire``: their numbers of fired places, when known): their points first (the
+        pad ``n`` after) and their norms, at the lists' width.
         Returns the most points a row of them fires on (a device scalar): a caller that
-        finds it above the width widens the lists (:meth:`_widen_lists`) and lists the
-        rows again."""
+        finds it above the width lists every row again, wider."""
         torch = self.torch
         if J is None:
-            J = self.J[idx, : F.shape[1]]
-        Pf = self.Jf.shape[1]
+            J = self.J[:, : F.shape[1]] if idx is None else self.J[idx, : F.shape[1]]
+        Pf = self.Jf.shape[1] if width is None else width
         k = min(F.shape[1], Pf)  # the rows' places may be fewer than the lists'
         # the fired places first, in order (a stable sort of the flags), and their flags
         flags, first = torch.sort(F.to(torch.uint8), dim=1, descending=True, stable=True)
         points = torch.where(flags[:, :k] > 0, torch.gather(J, 1, first[:, :k]), self.n)
         if k < Pf:
-            lists = torch.full((idx.numel(), Pf), self.n, dtype=J.dtype, device=J.device)
+            lists = torch.full((J.shape[0], Pf), self.n, dtype=J.dtype, device=J.device)
             lists[:, :k] = points
         else:
             lists = points
-        self.Jf[idx], self.XNf[idx] = lists, self.xnorm[lists]
+        if idx is None:
+            self.Jf, self.XNf = lists, self.xnorm[lists]
+        else:
+            self.Jf[idx], self.XNf[idx] = lists, self.xnorm[lists]
         return (F.sum(dim=1) if nfire is None else nfire).max()
-
-    def _widen_lists(self, width: int) -> None:
-        torch = self.torch
-        pad = torch.full(
-            (self.m, width - self.Jf.shape[1]), self.n, dtype=torch.int64, device=self.device
-        )
-        self.Jf = torch.cat((self.Jf, pad), dim=1)
-        self.XNf = self.xnorm[self.Jf]
 
     def _sigma(self, F, J):
         """Gershgorin: ``σ_r² = max_{p∈S} Σ_{q∈S} |G_pq|`` over each fire set ``S`` (flags
@@ -483,12 +466,10 @@ class DeviceKernelTrainer(DeviceBand):
         over = V - self.b
         delta = torch.where(changed, torch.where(fn, over, -over), 0.0)  # (V - b)(f - f_old)
         self.u_dev += (self._by_point(J, delta)[:, :n].T @ A) * (self.scale * self.alpha)
-        # the rounding of values from this anchor on (no coefficient moved yet)
-        allow = 8.0 * (max(Q, n + 1) + self.X.shape[1] + 2) * _EPS * V.abs().amax(dim=1)
-        gap = (over.abs() - allow[:, None]) / self.xnorm[J]
-        fresh = torch.stack((V, Cn, kap, torch.where(due, gap, np.inf)), dim=1)
+        keys, fresh_band = self._fresh_keys(J, V, beta, due, over)
+        fresh = torch.stack((V, Cn, kap, keys), dim=1)
         places = torch.where(w[:, None], fresh, torch.stack((uref, cref, kap, key), dim=1))
-        bandkey = torch.where(ok, self._band_keys(beta, allow, None), bandkey)
+        bandkey = torch.where(ok, fresh_band, bandkey)
         clock = torch.where(ok, 0.0, clock)
         if self._use_sigma:  # σ where the fire set changed (or is not known yet)
             redo = ok & (changed.any(dim=1) | torch.isinf(sigma))
@@ -554,8 +535,7 @@ class DeviceKernelTrainer(DeviceBand):
                 totals += got[:3]
                 width, lists, left = (int(v) for v in got[3:])
                 if lists > self.Jf.shape[1]:  # a fire set outgrew the lists: list again
-                    self._widen_lists(lists + lists // _SLACK)
-                    self._fire_lists(torch.arange(self.m, device=self.device), self.F)
+                    self._fire_lists(None, self.F, width=lists + lists // _SLACK)
                 if width > self.J.shape[1]:  # rows whose new pairs outgrow the width
                     self._widen(width + width // _SLACK)
                 due, ndue = todo, left
