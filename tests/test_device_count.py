@@ -397,3 +397,25 @@ def test_row_accesses_are_priced_at_the_row_rate_where_one_is_given():
                 out = op()
             assert c.counts.row_gathers == 0.0
             assert c.counts.work_s == pytest.approx(out.numel() / slow["gathers_per_s"])
+
+
+@pytest.mark.parametrize("method", ["lazy", "kernel"])
+def test_device_set_up_makes_one_float64_gemm_of_the_rows(method):
+    """At ``W(0)`` every coefficient is 0: the set-up's anchoring multiplies ``W(0)``'s
+    rows with the points, one float64 GEMM of ``2·m·(n+1)·d`` flops, without a GEMM of
+    the zero coefficients with ``X`` (and the lazy trainer without a second GEMM for its
+    values at ``W(0)``, which are its anchored products)."""
+    from corrtree.training.device_band import DeviceLazyTrainer
+    from corrtree.training.device_kernel import DeviceKernelTrainer
+
+    cls = {"lazy": DeviceLazyTrainer, "kernel": DeviceKernelTrainer}[method]
+    rng = np.random.default_rng(0)
+    n, d, m = 64, 10, 2048
+    X = rng.standard_normal((n, d))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    Y = rng.standard_normal((n, 1))
+    model = ct.TwoLayerReLU.init(d=d, m=m, seed=1)
+    with dc.OpCounter() as counter:
+        cls(model, X, Y, X @ X.T, 1.0, device=torch.device("cpu"))
+    rows = 2.0 * m * (n + 1) * d
+    assert rows <= counter.counts.flops64 < 1.3 * rows, counter.counts.flops64 / rows
