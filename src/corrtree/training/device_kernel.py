@@ -133,7 +133,7 @@ class DeviceKernelTrainer(DeviceBand):
         key, bandkey = self._fresh_keys(self.J, self.uref, self.beta, self.J < n)
         self.key.copy_(key)
         self.bandkey.copy_(bandkey)
-        self.limit.copy_(torch.minimum(key.amin(dim=1), bandkey))
+        self.limit.copy_(self._limits(key, bandkey))
         self._counts()
 
     def _pack(self) -> None:
@@ -302,20 +302,15 @@ class DeviceKernelTrainer(DeviceBand):
             self.H[Ir, Jx] = self._ntk_at(Ir, Jx, g)
 
     # -- coefficients, limits, clocks --------------------------------------------------
-    def _own(self, idx, Ep, width: int | None = None):
-        """``<a_r, E_j>`` at the first ``width`` places (all: ``None``) of rows ``idx``."""
-        return (Ep[self.J[idx, :width]] * self.At[idx, None, :]).sum(dim=2)
-
     def _own_at(self, J, A):
         """``<a_r, E_j>`` at places ``J`` of rows with output weights ``A``."""
         if A.shape[1] == 1:
             return self.Ep[:, 0][J] * A
         return (self.Ep[J] * A[:, None, :]).sum(dim=2)
 
-    def _coef(self, idx, width: int | None = None):
-        g = self._own(idx, self.Ep, width)
-        F = self.F[idx, :width]
-        return self.kappa[idx, :width] + self.torch.where(F, self.eta_s * g, 0.0)
+    def _coef(self, idx):
+        g = self._own_at(self.J[idx], self.At[idx])
+        return self.kappa[idx] + self.torch.where(self.F[idx], self.eta_s * g, 0.0)
 
     def _fresh_keys(self, J, V, beta, valid, over=None):
         """The keys of rows anchored now at places ``J`` (``valid`` marks the tracked
@@ -333,13 +328,10 @@ class DeviceKernelTrainer(DeviceBand):
         # a band is left no sooner than a move of (β - allow)/R (the R rounded up)
         return torch.where(valid, gap, np.inf), (beta - allow) / (self.R * (1.0 + 1e-12))
 
-    def _limits(self, J, key, bandkey):
-        """A row is due when its clock reaches the least of its keys (pads: never)."""
-        torch = self.torch
-        return torch.minimum(torch.where(J < self.n, key, np.inf).amin(dim=1), bandkey)
-
-    def _set_limits(self) -> None:
-        self.limit.copy_(self._limits(self.J, self.key, self.bandkey))
+    def _limits(self, key, bandkey):
+        """A row is due when its clock reaches the least of its keys and its band key (a
+        pad's key is inf wherever keys are made or rows widened: never due)."""
+        return self.torch.minimum(key.amin(dim=1), bandkey)
 
     def _steps(self, E):
         """A bound on each neuron's step for the error ``E`` (padded), float64 rounding
@@ -474,8 +466,7 @@ class DeviceKernelTrainer(DeviceBand):
         if self._use_sigma:  # σ where the fire set changed (or is not known yet)
             redo = ok & (changed.any(dim=1) | torch.isinf(sigma))
             sigma = torch.where(redo, self._sigma(fn, J), sigma)
-        # a pad's key is inf (here and where the rows were widened)
-        limit, nfire = torch.minimum(places[:, 3].amin(dim=1), bandkey), fn.sum(dim=1)
+        limit, nfire = self._limits(places[:, 3], bandkey), fn.sum(dim=1)
         self.rowsQ[idx] = places
         self.rowsS[idx] = torch.stack((beta, sigma, bandkey, clock, limit, nfire.to(f64)), dim=1)
         self.J[idx], self.F[idx] = J, fn
@@ -598,7 +589,7 @@ class DeviceKernelTrainer(DeviceBand):
             torch.zeros(self.m, dtype=self._f64, device=self.device) for _ in range(2)
         )
         self._pack()
-        self._set_limits()
+        self.limit.copy_(self._limits(self.key, self.bandkey))
         E = np.zeros((self.n + 1, arrays["E"].shape[1]))
         E[: self.n] = arrays["E"]
         self.Ep, self.u_dev = self._tensor(E), self._tensor(arrays["u"])
