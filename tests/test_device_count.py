@@ -419,3 +419,26 @@ def test_device_set_up_makes_one_float64_gemm_of_the_rows(method):
         cls(model, X, Y, X @ X.T, 1.0, device=torch.device("cpu"))
     rows = 2.0 * m * (n + 1) * d
     assert rows <= counter.counts.flops64 < 1.3 * rows, counter.counts.flops64 / rows
+
+
+@pytest.mark.parametrize("method", ["lazy", "kernel"])
+def test_device_steps_of_an_implicit_model_trained_before_stay_on_the_device(method):
+    """An implicit model with an earlier run's coefficients (``W = α·(W(0) - C' X')``) has
+    its rows rebuilt on the device: every step after the first three at most 2 host
+    synchronizations and no upload, as for a fresh model (its rows were taken on the
+    host and uploaded at every visit before), and the explicit dense trajectory of both
+    runs."""
+    ds = ct.datasets.sphere(n=64, d=16, seed=2)
+    X, y = ds.X_train, ds.y_train
+    model = ct.TwoLayerReLU.init(d=16, m=2048, seed=5, implicit=True)
+    plain = model.to_explicit()
+    decay = {"weight_decay": 1e-2, "lr": 0.5}  # the earlier run on the host: α < 1
+    ct.train(model, X[::2], y[::2], method="lazy", iters=6, **decay)
+    ct.train(plain, X[::2], y[::2], method="dense", iters=6, **decay)
+    assert model.implicit_weights.update[4] < 1.0
+    got = dc.count_train(ct.train, model, X, y, method=method, iters=12)
+    ct.train(plain, X, y, method="dense", iters=12)
+    assert sum(got["history"].flips[3:]) > 0
+    for c in got["steps"][3:]:
+        assert c.syncs <= 2 and c.uploads == 0, c.as_dict()
+    np.testing.assert_allclose(model.weights(), plain.W, rtol=0, atol=1e-9)
