@@ -442,3 +442,27 @@ def test_device_steps_of_an_implicit_model_trained_before_stay_on_the_device(met
     for c in got["steps"][3:]:
         assert c.syncs <= 2 and c.uploads == 0, c.as_dict()
     np.testing.assert_allclose(model.weights(), plain.W, rtol=0, atol=1e-9)
+
+
+def test_device_memory_model_counts_an_implicit_models_earlier_run():
+    """What ``method="auto"`` and the refusals model for a device run of an implicit model
+    trained before includes its earlier points and coefficients, as uploaded at set-up:
+    the fresh model's bytes plus :func:`update_bytes` at every width."""
+    from corrtree.training import _choice
+    from corrtree.training.device_band import update_bytes
+
+    ds = ct.datasets.sphere(n=64, d=16, seed=2)
+    fresh = ct.TwoLayerReLU.init(d=16, m=2048, seed=5, implicit=True)
+    trained = ct.TwoLayerReLU.init(d=16, m=2048, seed=5, implicit=True)
+    ct.train(trained, ds.X_train, ds.y_train, method="lazy", iters=4)
+    src = trained.implicit_weights
+    assert update_bytes(fresh.weight_source, 2048, 16) == 0.0
+    extra = update_bytes(src, 2048, 16)
+    assert extra >= 16.0 * src.pairs + 8.0 * 65 * 16 > 0
+    for meth in ("lazy", "kernel"):
+        got = [
+            _choice._needs(ds.X_train, mod, False, {}, torch.device("cpu"), 1)[0](meth)
+            for mod in (fresh, trained)
+        ]
+        for m in (1024, 2048):
+            assert got[1](m) - got[0](m) == pytest.approx(update_bytes(src, m, 16))

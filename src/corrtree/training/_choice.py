@@ -28,6 +28,7 @@ from ..model import TwoLayerReLU
 from ._base import Trainer
 from ._registry import DEVICE_TRAINERS, TRAINERS
 from .costs import coherence, estimate, fire_share, memory_need
+from .device_band import update_bytes
 from .optim import SGD
 
 __all__ = [
@@ -223,7 +224,10 @@ def _needs(
 
         def on_device(meth: str) -> Callable[[int], float]:
             cls = DEVICE_TRAINERS[meth]
-            return lambda m: cls.device_need(n, m, d, K, share, model.implicit, linear)
+            src = model.weight_source  # an implicit model's earlier run goes there too
+            return lambda m: (
+                cls.device_need(n, m, d, K, share, model.implicit, linear) + update_bytes(src, m, d)
+            )
 
         return on_device, free_bytes(device), f" on {device}", 0.0, DEVICE_TRAINERS
 

@@ -97,6 +97,16 @@ def capacity(count: int, m: int) -> int:
     return int(min(m, -(-c // quantum) * quantum))
 
 
+def update_bytes(src: Any, m: int, d: int) -> float:
+    """Device bytes of an implicit model's earlier run (:meth:`DeviceBand._upload_update`)
+    at width ``m``: its points with the pad, ``indptr`` and the coefficients with int64
+    columns (their number scaled to ``m``); 0 for any other weight source."""
+    if not isinstance(src, ImplicitWeights) or src.update is None:
+        return 0.0
+    points = src.update[0].shape[0] + 1
+    return 8.0 * (points * d + m + 1) + 16.0 * src.pairs * m / src.m
+
+
 def _uploaded(torch: Any, W: np.ndarray, dev: Any) -> Any:
     """``W`` (read only, float64) on ``dev`` without a copy on the host: a view of its
     memory uploaded in one transfer (on ``cpu``, ``to`` gives the view itself: the
@@ -156,10 +166,9 @@ class DeviceBand(Trainer):
         self.n, self.band = n, band
         norms = np.sqrt(np.einsum("ij,ij->i", self.X, self.X))
         share = fire_share(norms, self.b - band)
-        gen = W0 if isinstance(W0, ImplicitWeights) else None
-        need = self.device_need(n, self.m, d, self.a.shape[1], share, gen is not None, False)
-        if gen is not None and gen.update is not None:  # its points and CSR
-            need += 8.0 * ((gen.update[0].shape[0] + 1) * d + self.m + 1) + 16.0 * gen.pairs
+        implicit = isinstance(W0, ImplicitWeights)
+        need = self.device_need(n, self.m, d, self.a.shape[1], share, implicit, False)
+        need += update_bytes(W0, self.m, d)
         check_device_memory(need, dev, f"method={self.name!r} at m={self.m}, n={n}, d={d} on {dev}")
         host = np.zeros((n + 1, d))
         host[:n] = self.X
