@@ -82,6 +82,31 @@ def test_lanczos_path_matches_dense_eigenvalue(monkeypatch):
     np.testing.assert_allclose(H, _naive_ntk(model, X), rtol=1e-12, atol=1e-15)
 
 
+def test_ntk_matrix_counts_by_gemm_where_fire_sets_are_dense(monkeypatch):
+    """With one output of weights ±1 and dense fire sets (low-dimensional data: a
+    neuron fires on a large share of the points) ``H`` counts ``FᵀF`` by float32
+    GEMMs of 0/1 rows, in blocks: the same matrix as the additions, bit for bit, and
+    as the brute-force one; other output weights, or sparse fire sets, take the
+    additions."""
+    rng = np.random.default_rng(4)
+    X = rng.standard_normal((60, 4))
+    model = ct.TwoLayerReLU.init(d=4, m=700, seed=2)
+    F = X @ model.W.T >= 0.3 * model.b  # (n, m): a third of the pairs fire
+    indptr, idx = ct.training._sparse.keys_to_csr(np.flatnonzero(F.T), model.m, 60)
+    G, a = X @ X.T, model.output_weights
+    k = np.diff(indptr).astype(float)
+    assert _ntk.ntk_cost(a, 60, float(k @ k))[1]  # dense: the GEMMs
+    assert not _ntk.ntk_cost(1.5 * a, 60, float(k @ k))[1]  # weights not ±1
+    assert not _ntk.ntk_cost(a, 60, 100.0)[1]  # few pairs: the additions
+    monkeypatch.setattr(_config, "NTK_COUNT_BLOCK_BYTES", 4 * 60 * 128)  # 6 blocks
+    by_gemm = _ntk.ntk_matrix(indptr, idx, G, a)
+    monkeypatch.setattr(_config, "NTK_COUNT_GEMM_FLOPS", 1e-30)  # the additions
+    by_adds = _ntk.ntk_matrix(indptr, idx, G, a)
+    assert np.array_equal(by_gemm, by_adds) and by_gemm.any()
+    want = np.einsum("ir,jr->ij", F, F.astype(float)) * G / model.m
+    np.testing.assert_allclose(by_gemm, want, rtol=1e-13, atol=1e-15)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_methods_agree_with_each_other_lr_auto(seed):
     X, y, model0 = _problem(80, 3000, 24, 1, seed)

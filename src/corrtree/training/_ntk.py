@@ -24,6 +24,7 @@ __all__ = [
     "dense_top_eigenvalue",
     "lambda_max",
     "lr_from_lambda",
+    "ntk_cost",
     "ntk_matrix",
     "ntk_matvec",
     "top_eigenvalue",
@@ -78,17 +79,64 @@ def _ntk_matvec(indptr_r, idx_r, indptr_i, idx_i, G, a, m, v):
     return out
 
 
+@njit(cache=True, parallel=True)
+def _fire_rows(indptr_r, idx_r, start, out):
+    """``out[k]`` = the 0/1 fire row of neuron ``start + k`` (float32).  O(rows·n)."""
+    for k in prange(out.shape[0]):
+        out[k, :] = 0.0
+        r = start + k
+        for p in range(indptr_r[r], indptr_r[r + 1]):
+            out[k, idx_r[p]] = 1.0
+
+
+def ntk_cost(a: np.ndarray, n: int, pairs_sq: float) -> tuple[float, bool]:
+    """What :func:`ntk_matrix` costs, in scattered additions, and whether it counts
+    ``FᵀF`` by float32 GEMMs of 0/1 rows: ``2·m·n²`` flops at
+    :data:`~corrtree._config.NTK_COUNT_GEMM_FLOPS`, against ``pairs_sq = Σ_r k̃_r²·K²``
+    additions at :data:`~corrtree._config.NTK_COUNT_ADDS`.  The GEMMs only with one
+    output whose weights are all ``±1`` (the counts are then ``H``'s factor, as the
+    additions make it), and they pay where the fire sets are dense (low-dimensional
+    tabular data: a neuron fires on a fifth of the points).  O(m)."""
+    m, K = a.shape
+    if K != 1 or not bool((a[:, 0] * a[:, 0] == 1.0).all()):
+        return pairs_sq, False
+    gemm = 2.0 * m * n * n * _config.NTK_COUNT_ADDS / _config.NTK_COUNT_GEMM_FLOPS
+    return min(gemm, pairs_sq), gemm < pairs_sq
+
+
+def _counts_gemm(indptr_r: np.ndarray, idx_r: np.ndarray, n: int) -> np.ndarray:
+    """``FᵀF`` (float64, ``n × n``) of the 0/1 fire matrix, by float32 GEMMs of blocks of
+    rows: a block has fewer than ``2^24`` rows, so its counts are integers float32
+    holds exactly, and their float64 sum is exact.  O(m·n²) flops, O(block·n) memory."""
+    m = indptr_r.shape[0] - 1
+    rows = _config.block_rows(4.0 * n, m, _config.NTK_COUNT_BLOCK_BYTES)
+    rows = min(rows, 2**24 - 1)
+    block = np.empty((rows, n), dtype=np.float32)
+    N = np.zeros((n, n))
+    for s in range(0, m, rows):
+        part = block[: min(rows, m - s)]
+        _fire_rows(indptr_r, idx_r, s, part)
+        N += part.T @ part
+    return N
+
+
 def ntk_matrix(
     indptr_r: np.ndarray, idx_r: np.ndarray, G: np.ndarray, a: np.ndarray, width: int | None = None
 ) -> np.ndarray:
-    """Dense ``H`` (``nK × nK``) from r-major fire sets; O(Σ_r k̃_r²·K² + n²K²).
+    """Dense ``H`` (``nK × nK``) from r-major fire sets; O(Σ_r k̃_r²·K² + n²K²), or with
+    one output of weights ``±1`` and dense fire sets O(m·n²) float32 GEMM flops
+    (:func:`ntk_cost`): the same integer counts times ``G/m``, so the same matrix bit
+    for bit.
 
     ``width`` is the network's width ``m`` in ``1/m`` (default: the rows of ``a``;
     a shard's neurons give its share of ``H``, and the shares sum to ``H``).
     """
     n = G.shape[0]
-    indptr_i, idx_i = transpose_csr(indptr_r, idx_r, n)
     m = float(a.shape[0] if width is None else width)
+    k = np.diff(indptr_r).astype(np.float64)
+    if ntk_cost(a, n, float(np.dot(k, k)))[1]:
+        return _counts_gemm(indptr_r, idx_r, n) * (G / m)
+    indptr_i, idx_i = transpose_csr(indptr_r, idx_r, n)
     return _ntk_dense(indptr_r, idx_r, indptr_i, idx_i, G, a, m)
 
 

@@ -45,7 +45,7 @@ from .. import _config
 from ._clocks import anchor_keys, lookahead, own_clocks
 from ._flips import apply_flips, apply_flips_by_rows, flip_outputs, flips_by_rows_cost, new_h_cost
 from ._heap import pop_due, push_all
-from ._ntk import ntk_matrix
+from ._ntk import ntk_cost, ntk_matrix
 from ._pool import CNT, DRIFT, NFIRE, SUPP
 from ._principal import principal_parts
 from ._records import Drifts, VisitScalars
@@ -338,7 +338,7 @@ class KernelTrainer(BandTrainer):
         writes = float(st.seg[fr, NFIRE].sum()) * K * K
         costs = {
             "scattered": _config.FLIP_WRITE_COST * writes,
-            "anew": new_h_cost(st.seg, K * K) + size**2,
+            "anew": ntk_cost(self.a, st.n, new_h_cost(st.seg, K * K))[0] + size**2,
         }
         if fr.shape[0] >= _config.SERIAL_WORK and self._rows_fit():
             points = np.unique(fj)
