@@ -5,7 +5,9 @@ For K outputs the matrix is ``H`` of size ``nK × nK`` with entries
 fire indicator and ``G = X Xᵀ``; for ``K = 1`` it is
 ``(FᵀF / m) ∘ G``.  Index ``(i, k)`` is ``i·K + k``, the row-major order of an
 ``(n, K)`` array.  Everything is computed from the sparse fire sets, in
-``O(Σ_r k̃_r²·K²)`` time, never from an ``m × n`` dense array.
+``O(Σ_r k̃_r²·K²)`` time, never from an ``m × n`` dense array; where the fire sets
+are dense (one output), the counts ``FᵀF`` come from float32 GEMMs of blocks of their
+0/1 rows instead (:func:`ntk_cost`).
 """
 
 from __future__ import annotations
