@@ -428,37 +428,27 @@ class DeviceBand(Trainer):
         src = self.w0
         rows = normals_array(self.torch, src.seed, idx + src.offset, src.d, like=idx)
         if self._update is not None:
-            self._apply_update(rows, idx)
+            self._apply_update(rows, idx, *self._update)
         return rows
 
     def _upload_update(self, update) -> tuple:
         """An implicit model's earlier training, ``W = α·(W(0) - C' X')``, on the device
         once: ``X'`` with a zero pad point, ``C'`` in CSR (columns as int64) and the
         widest row's count (read on the host here, at set-up)."""
-        torch, dev = self.torch, self.device
         X, indptr, cols, coef, alpha = update
         pts = np.zeros((X.shape[0] + 1, X.shape[1]))
         pts[:-1] = X
         width = int(np.diff(indptr).max(initial=0))
-        to = lambda a, dt: torch.from_numpy(np.ascontiguousarray(a, dtype=dt)).to(dev)  # noqa: E731
-        return (
-            to(pts, np.float64),
-            to(indptr, np.int64),
-            to(cols, np.int64),
-            to(coef, np.float64),
-            width,
-            float(alpha),
-        )
+        sent = (self._tensor(a.astype(t)) for a, t in ((indptr, np.int64), (cols, np.int64)))
+        return (self._tensor(pts), *sent, self._tensor(coef), width, float(alpha))
 
-    def _apply_update(self, rows, idx) -> None:
+    def _apply_update(self, rows, idx, pts, indptr, cols, coef, width, alpha) -> None:
         """``rows = α·(rows - C'[idx] X')`` in place (:meth:`_upload_update`), in fixed
         shapes: each row's coefficients read at ``width`` places from its CSR start
         (those past its count are the pad point with 0), added by point (a column is in
         a row of the CSR once, so each sum is that coefficient), one GEMM against ``X'``.
         No host round trip.  O(len(idx)·(width + n'·d))."""
         torch = self.torch
-        assert self._update is not None
-        pts, indptr, cols, coef, width, alpha = self._update
         if width:
             pad = pts.shape[0] - 1
             start = indptr[idx]
