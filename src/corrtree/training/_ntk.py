@@ -24,6 +24,7 @@ from ._sparse import transpose_csr
 __all__ = [
     "NTKOperator",
     "dense_top_eigenvalue",
+    "gemm_adds",
     "lambda_max",
     "lr_from_lambda",
     "ntk_cost",
@@ -99,11 +100,18 @@ def ntk_cost(a: np.ndarray, n: int, pairs_sq: float) -> tuple[float, bool]:
     output whose weights are all ``±1`` (the counts are then ``H``'s factor, as the
     additions make it), and they pay where the fire sets are dense (low-dimensional
     tabular data: a neuron fires on a fifth of the points).  O(m)."""
+    gemm = gemm_adds(a, n)
+    return min(gemm, pairs_sq), gemm < pairs_sq
+
+
+def gemm_adds(a: np.ndarray, n: int) -> float:
+    """The GEMMs' cost in :func:`ntk_cost`'s additions, ``inf`` where they may not be used
+    (more than one output, or weights other than ``±1``): it depends on the output
+    weights only, so a trainer reads it once.  O(m)."""
     m, K = a.shape
     if K != 1 or not bool((a[:, 0] * a[:, 0] == 1.0).all()):
-        return pairs_sq, False
-    gemm = 2.0 * m * n * n * _config.NTK_COUNT_ADDS / _config.NTK_COUNT_GEMM_FLOPS
-    return min(gemm, pairs_sq), gemm < pairs_sq
+        return np.inf
+    return 2.0 * m * n * n * _config.NTK_COUNT_ADDS / _config.NTK_COUNT_GEMM_FLOPS
 
 
 def _counts_gemm(indptr_r: np.ndarray, idx_r: np.ndarray, n: int) -> np.ndarray:

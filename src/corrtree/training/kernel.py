@@ -45,7 +45,7 @@ from .. import _config
 from ._clocks import anchor_keys, lookahead, own_clocks
 from ._flips import apply_flips, apply_flips_by_rows, flip_outputs, flips_by_rows_cost, new_h_cost
 from ._heap import pop_due, push_all
-from ._ntk import ntk_cost, ntk_matrix
+from ._ntk import gemm_adds, ntk_matrix
 from ._pool import CNT, DRIFT, NFIRE, SUPP
 from ._principal import principal_parts
 from ._records import Drifts, VisitScalars
@@ -101,7 +101,9 @@ class KernelTrainer(BandTrainer):
 
     def _set_parts(self) -> None:
         """:func:`principal_parts` of the data; whether own clocks may be used (on data
-        with leading directions, :meth:`_choose_clock`), and they are to start with."""
+        with leading directions, :meth:`_choose_clock`), and they are to start with; what
+        building ``H`` anew by GEMMs costs (:func:`~._ntk.gemm_adds`, for :meth:`_apply`)."""
+        self._gemm_adds = gemm_adds(self.a, self.X.shape[0])
         self._parts = principal_parts(
             self.X, self.G, _config.PROJECTION_RANK, _config.PROJECTION_GAIN
         )
@@ -338,7 +340,7 @@ class KernelTrainer(BandTrainer):
         writes = float(st.seg[fr, NFIRE].sum()) * K * K
         costs = {
             "scattered": _config.FLIP_WRITE_COST * writes,
-            "anew": ntk_cost(self.a, st.n, new_h_cost(st.seg, K * K))[0] + size**2,
+            "anew": min(new_h_cost(st.seg, K * K), self._gemm_adds) + size**2,
         }
         if fr.shape[0] >= _config.SERIAL_WORK and self._rows_fit():
             points = np.unique(fj)
