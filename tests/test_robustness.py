@@ -336,6 +336,24 @@ def test_sigterm_saves_like_sigint(tmp_path):
     assert (out / "model.npz").exists()
 
 
+def test_an_interrupt_once_the_output_folder_is_made_says_nothing_was_saved(
+    tmp_path, monkeypatch, capsys
+):
+    """Ctrl-C right after ``--out`` is made (while it is checked for writing, before the
+    run starts) says that nothing was saved, as any signal before the first checkpoint
+    does, not a bare "interrupted"."""
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt("interrupted")
+
+    monkeypatch.setattr(cli.tempfile, "TemporaryFile", interrupted)
+    out = tmp_path / "o"
+    code = cli.main(["train", "--data", "sphere", "--iters", "2", "--quiet", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_INTERRUPTED and out.is_dir(), err
+    assert err.startswith("corrtree: interrupted before the first checkpoint: nothing was saved")
+
+
 def test_sigint_before_the_first_iteration_promises_nothing(tmp_path):
     proc, out = _start(tmp_path, "--iters", 5, "--width", 2**17)
     deadline = time.time() + 120

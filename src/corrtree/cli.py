@@ -118,10 +118,10 @@ def output_dir(path: Path, option: str) -> Path:
 def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         return _resume(Path(args.resume), args.quiet, args.workers, args.scheduler, args.device)
-    out = output_dir(Path(args.out or f"corrtree-out/{Path(args.data).stem}"), "--out")
+    out = Path(args.out or f"corrtree-out/{Path(args.data).stem}")
     run_id = uuid.uuid4().hex
-    try:
-        return _new_run(args, out, run_id)
+    try:  # a signal once the folder is made says what it holds, whenever it comes
+        return _new_run(args, output_dir(out, "--out"), run_id)
     except KeyboardInterrupt as exc:
         raise _interrupted(exc, out, run_id) from None
     except WorkerLost as exc:
