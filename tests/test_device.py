@@ -245,45 +245,64 @@ _BY_GEMMS = {
 }
 
 
-@pytest.mark.parametrize("route", ["scatters", "gemms"])
+#: the GEMMs' way with the whole visited batch always (a launch costs more than any
+#: rows' GEMMs), not the touched rows picked
+_BY_WHOLE_BATCH = {**_BY_GEMMS, "flops32": 1e300, "launch": 1.0}
+
+
+@pytest.mark.parametrize("route", ["scatters", "gemms", "whole"])
 @pytest.mark.parametrize("K", [1, 3])
 def test_device_kernel_each_route_follows_the_dense_trajectory(monkeypatch, K, route):
-    """The device kernel trainer's two ways of changing ``N``: entry by entry, or by
-    float32 GEMMs of the visited rows with ``H`` rebuilt.  The dense trajectory and its
-    History either way, re-anchoring included, and ``H`` equal to the one built from the
-    final fire sets."""
+    """The device kernel trainer's ways of changing ``N``: entry by entry, or by float32
+    GEMMs of the visited rows with a flip (picked from the batch) or of the whole batch,
+    with ``H`` rebuilt; one output (the flags alone) and several.  The dense trajectory
+    and its History every way, re-anchoring included, and ``H`` equal to the one built
+    from the final fire sets."""
     from corrtree import _config
     from corrtree.training.device_kernel import DeviceKernelTrainer
 
-    rates = _BY_GEMMS if route == "gemms" else _BY_SCATTERS
+    rates = {"gemms": _BY_GEMMS, "whole": _BY_WHOLE_BATCH, "scatters": _BY_SCATTERS}[route]
     monkeypatch.setitem(_config.DEVICE_RATES, _resolved().type, rates)
-    recounted, trainers = [], []
+    events, trainers = [], []
     add, keep = DeviceKernelTrainer._add_counts, DeviceKernelTrainer._counts
+    change = DeviceKernelTrainer._change_counts
 
     def adding(self, *args, **kwargs):
-        recounted.append(args[0].shape[0])
+        events.append(("add", args[0].shape[0]))
         return add(self, *args, **kwargs)
 
     def counts(self):
         trainers.append(self)
         return keep(self)
 
+    def changing(self, J, *args, **kwargs):
+        events.append(("change", J.shape[0]))
+        return change(self, J, *args, **kwargs)
+
     monkeypatch.setattr(DeviceKernelTrainer, "_add_counts", adding)
     monkeypatch.setattr(DeviceKernelTrainer, "_counts", counts)
+    monkeypatch.setattr(DeviceKernelTrainer, "_change_counts", changing)
     X, y = _data(n=48, d=8, K=K, seed=5)
     dense = ct.TwoLayerReLU.init(d=8, m=2048, outputs=K, seed=6)
     kernel = ct.TwoLayerReLU(dense.W, dense.a, dense.b)
     hd = ct.train(dense, X, y, method="dense", iters=20)
     hk = ct.train(kernel, X, y, method="kernel", iters=20, device=DEVICE)
     assert sum(hk.reanchored) > 0 and sum(hk.flips) > 0
-    if route == "gemms":  # the set-up's count, then one a visit with flips
-        assert len(recounted) > 2
-    else:  # the set-up's count only
-        assert len(recounted) == 1
+    (t,) = trainers
+    # each count after the set-up's with the visit's batch size before it
+    pairs = zip(events[1:], events[:-1], strict=True)
+    after = [(e[1], s) for e, s in pairs if e[0] == "add"]
+    assert events[0][0] == "add" and all(s[0] == "change" for _, s in after)
+    added = [(rows, s[1]) for rows, s in after]
+    if route == "scatters":  # the set-up's count only
+        assert not added
+    elif route == "whole":  # each visit with flips: its whole batch
+        assert len(added) > 1 and all(rows == batch for rows, batch in added)
+    else:  # the touched rows picked: fewer than the batch somewhere
+        assert len(added) > 1 and any(rows < batch for rows, batch in added)
     np.testing.assert_allclose(hk.loss, hd.loss, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(kernel.W, dense.W, rtol=0, atol=1e-9)
     assert hk.fired_pairs == hd.fired_pairs and hk.flips == hd.flips
-    (t,) = trainers
     H = t.H.clone()
     t._counts()  # N and H from the fire sets as they are
     assert bool((t.H == H).all())
@@ -304,7 +323,7 @@ def test_device_kernel_visit_reanchors_each_row_at_its_exact_products(monkeypatc
 
     def recording(self, idx, live):
         got = visit(self, idx, live)
-        visited.append(idx[live & ~got[1]].cpu().numpy())  # the rows written
+        visited.append(idx[got[1]].cpu().numpy())  # the rows re-anchored (written)
         return got
 
     monkeypatch.setattr(DeviceKernelTrainer, "_visit", recording)

@@ -356,8 +356,10 @@ RATE_NAMES = {
 #: entries a second of an indexed read or write of whole rows (contiguous runs of at
 #: least :data:`ROW_RUN` entries: a visit's rows of its packs, rows of ``W(0)``), which a
 #: GPU reads as a stream rather than one access an entry.  Without it the count prices
-#: those at ``gathers_per_s``, as single entries.
-OPTIONAL_RATE_NAMES = {"row_gathers_per_s": "row_gathers"}
+#: those at ``gathers_per_s``, as single entries.  ``sorts_per_s``: the records a second
+#: of a sort (keys with their indices); without it a sort is priced as the bytes it
+#: streams, and the device trainers pick rows by prefix sums, never by a sort.
+OPTIONAL_RATE_NAMES = {"row_gathers_per_s": "row_gathers", "sorts_per_s": "sorts"}
 #: An indexed access moving runs of at least this many contiguous entries is a row access
 ROW_RUN = 32
 
@@ -388,23 +390,30 @@ def _positive(v: Any) -> bool:
 
 
 #: The rates the device kernel trainer prices its choices with, by device type: float64
-#: and float32 GEMM flops, gathered and scattered (accumulated) entries, and bytes
-#: streamed, each a second, and the seconds of a host synchronization and of a launch.
-#: A visit's flips change ``N`` entry by entry (``2·Q·K²`` scattered additions a flip)
-#: or by float32 GEMMs of the flipped rows' fire sets
-#: (``DeviceKernelTrainer._change_counts``).  ``cuda``: measured on an H200, read from
+#: and float32 GEMM flops, gathered and scattered (accumulated) entries, records sorted
+#: (where given) and bytes streamed, each a second, and the seconds of a host
+#: synchronization and of a launch.  A visit's flips change ``N`` entry by entry
+#: (``2·Q·K²`` scattered additions a flip) or by float32 GEMMs of the flipped rows' fire
+#: sets (``DeviceKernelTrainer._change_counts``); a batch is picked from a mask by prefix
+#: sums or by a sort (``DeviceBand._by_sort``).  ``cuda``: measured on an H200, read from
 #: :data:`DEVICE_RATES_FILE` (``G = XXᵀ`` at n = 2048, d = 768 in float64 in 0.12 ms;
 #: 14 M gathers from a resident ``G`` with a row sum in 0.42 ms, 3.6 ms through a
-#: deterministic ``index_add_``); ``cpu``: torch on the 2-core machines of the
-#: benchmarks (a 2048 × 768 × 2048 float64 GEMM in about 0.1 s; advanced indexing at
-#: about 1e8 entries a second, ``index_put_`` with accumulation at a fifth of that).
+#: deterministic ``index_add_``; a sort of 450 k records in 0.16 ms); ``cpu``: torch on
+#: the 2-core machines of the benchmarks (a 2048 × 768 × 2048 float64 GEMM in about
+#: 0.1 s; advanced indexing at about 1e8 entries a second, ``index_put_`` with
+#: accumulation at a fifth of that; a stable sort at 0.5-1.5e7 records a second).
 DEVICE_RATES = {
-    "cuda": {short: float(device_rates()["cuda"][name]) for name, short in RATE_NAMES.items()},
+    "cuda": {
+        short: float(device_rates()["cuda"][name])
+        for name, short in {**RATE_NAMES, **OPTIONAL_RATE_NAMES}.items()
+        if name in device_rates()["cuda"]
+    },
     "cpu": {
         "flops64": 5e10,
         "flops32": 1e11,
         "gathers": 1e8,
         "scatters": 2e7,
+        "sorts": 1e7,
         "bytes": 1e10,
         "sync": 1e-6,
         "launch": 2e-6,

@@ -16,12 +16,13 @@ sees every aten operation a step dispatches (``TorchDispatchMode``) and counts
   pinned memory) is not;
 - *work*: matrix-product flops by precision, gathered entries (an indexed write of
   distinct places counts as one), scattered entries (accumulated: ``index_add_``,
-  ``scatter_add``, ``index_put_(accumulate=True)``), and the
-  bytes every other operation reads and writes.
+  ``scatter_add``, ``index_put_(accumulate=True)``), records sorted (``sort``, priced at
+  ``sorts_per_s`` where the rates give it), and the bytes every other operation reads
+  and writes.
 
 :func:`modelled_seconds` prices counts with :data:`H200`, primitive rates measured on an
 NVIDIA H200 (float64 and float32 GEMMs, gathers from a resident matrix, launches and
-synchronizations) and its memory bandwidth from the datasheet, each operation at the
+synchronizations, a sort) and its memory bandwidth from the datasheet, each operation at the
 slower of its arithmetic and its memory traffic (a roofline), plus its launch.  The
 model is validated on PyTorch's own dense loop, whose whole runs were measured there
 (:data:`MEASURED_DENSE`): :func:`validate_dense` counts that loop here and compares.
@@ -112,6 +113,7 @@ _SCATTER = frozenset(
      "index_add", "index_add_", "scatter_reduce", "scatter_reduce_", "index_copy_",
      "index_copy", "masked_fill_"}
 )  # fmt: skip
+_SORT = frozenset({"sort", "argsort"})
 _ACCUMULATE = frozenset(
     {"scatter_add", "scatter_add_", "index_add", "index_add_", "scatter_reduce", "scatter_reduce_"}
 )
@@ -135,6 +137,8 @@ class Counts:
     #: access of leading dimensions moving at least ``ROW_RUN`` contiguous entries a place)
     row_gathers: float = 0.0
     scatters: float = 0.0
+    #: records sorted (keys with their indices; ``sort``, ``argsort``)
+    sorted: float = 0.0
     bytes: float = 0.0
     #: modelled seconds of the work alone, op by op (the roofline), filled as counted
     work_s: float = 0.0
@@ -159,7 +163,8 @@ class Counts:
         a dense step at ``factor`` times the width (``op_s``, which mixes both, dropped)."""
         out = Counts(**{f: getattr(self, f) for f in _FIELDS}, ops=dict(self.ops))
         for f in (
-            "upload_bytes", "flops64", "flops32", "gathers", "row_gathers", "scatters", "bytes"
+            "upload_bytes", "flops64", "flops32", "gathers", "row_gathers", "scatters",
+            "sorted", "bytes",
         ):  # fmt: skip
             setattr(out, f, getattr(out, f) * factor)
         out.work_s *= factor
@@ -182,7 +187,7 @@ class Counts:
 
 _FIELDS = (
     "launches", "syncs", "uploads", "queued_uploads", "upload_bytes", "flops64", "flops32",
-    "gathers", "row_gathers", "scatters", "bytes", "work_s",
+    "gathers", "row_gathers", "scatters", "sorted", "bytes", "work_s",
 )  # fmt: skip
 
 
@@ -381,6 +386,11 @@ class OpCounter:
             else:  # each place written once: an indexed access, at the gathers' rate
                 c.gathers += entries
                 c.work_s += entries / self._gather_rate(name, args, entries)
+        elif name in _SORT and "sorts_per_s" in r and args:
+            records = float(args[0].numel())
+            c.sorted += records
+            c.bytes += moved
+            c.work_s += max(records / r["sorts_per_s"], moved / r["bytes_per_s"])
         else:
             c.bytes += moved
             c.work_s += moved / r["bytes_per_s"]

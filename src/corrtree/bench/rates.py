@@ -5,7 +5,8 @@
 name (:data:`corrtree._config.RATE_NAMES`): a float64 GEMM ``G = XXᵀ``, a float32 GEMM
 of a set-up's shape, gathers from a resident ``G`` with a row sum, as many entries in
 whole rows (``row_gathers_per_s``, :data:`corrtree._config.OPTIONAL_RATE_NAMES`), a deterministic
-``index_add_`` of as many entries, a streaming copy, a launch and a host
+``index_add_`` of as many entries, a streaming copy, a stable sort (``sorts_per_s``,
+optional too), a launch and a host
 synchronization.  ``bench_gpu.py`` measures them first on its device and prices its
 counted runs with them (:func:`corrtree.bench.gpu.run`); ``bench_gpu.py --set-rates
 RESULT`` stores them in the package's ``device_rates.json`` (:func:`set_rates`), from
@@ -28,7 +29,8 @@ __all__ = ["HOW", "SIZES", "measure_rates", "set_rates"]
 
 #: What each size times: ``G = XXᵀ`` for ``X`` of ``(n, d)``; a float32 GEMM of
 #: ``gemm32 = (rows, d, cols)``; ``gathers`` entries of ``G`` at random places, summed
-#: by row; as many accumulated by ``index_add_``; a copy of ``stream_bytes``;
+#: by row; as many accumulated by ``index_add_``; a copy of ``stream_bytes``; a stable
+#: sort of ``sort_records`` float64 keys with their indices;
 #: ``launches`` one-element additions; ``syncs`` additions each read back.  ``large`` is
 #: the H200's (the shapes of the rates in ``device_rates.json``); ``small`` the tests'.
 SIZES: dict[str, dict[str, Any]] = {
@@ -38,6 +40,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "gemm32": (2**12, 96, 256),
         "gathers": 2**18,
         "stream_bytes": 2**24,
+        "sort_records": 2**16,
         "launches": 200,
         "syncs": 50,
         "reps": 3,
@@ -48,6 +51,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "gemm32": (2**16, 784, 4096),
         "gathers": 14 * 2**20,
         "stream_bytes": 2**31,
+        "sort_records": 450_000,
         "launches": 2000,
         "syncs": 200,
         "reps": 20,
@@ -63,7 +67,8 @@ HOW = (
     "at n = {n}, d = {d} in float64; a float32 GEMM {gemm32}; {gathers} gathers from "
     "the resident G with a row sum; as many in whole random rows of {row_run} of a "
     "resident matrix; a deterministic index_add_ of as many; a copy of "
-    "{stream_bytes} bytes (read and written); {launches} one-element additions queued; "
+    "{stream_bytes} bytes (read and written); a stable sort of {sort_records} float64 keys; "
+    "{launches} one-element additions queued; "
     "{syncs} additions each read back (less a launch)"
 )
 
@@ -178,6 +183,10 @@ def measure_rates(device: Any = "cpu", size: str = "large") -> dict[str, Any]:
         dst = torch.empty_like(src)
         return timed(lambda: dst.copy_(src))
 
+    def sort() -> float:
+        keys = randn(cfg["sort_records"])
+        return timed(lambda: torch.sort(keys, stable=True))
+
     one = torch.zeros(1, dtype=f64, device=dev)
 
     def queued() -> None:
@@ -198,6 +207,7 @@ def measure_rates(device: Any = "cpu", size: str = "large") -> dict[str, Any]:
         "gathers_whole_rows": gathers_whole_rows(),
         "scatters": scatters(),
         "stream": stream(),
+        "sort": sort(),
         "launch": timed(queued, max(3, reps // 4)) / cfg["launches"],
     }
     t["sync"] = max(timed(round_trips, max(3, reps // 4)) / cfg["syncs"] - t["launch"], 1e-9)
@@ -210,6 +220,7 @@ def measure_rates(device: Any = "cpu", size: str = "large") -> dict[str, Any]:
         / t["gathers_whole_rows"],
         "scatters_per_s": entries / t["scatters"],
         "bytes_per_s": 2.0 * cfg["stream_bytes"] / t["stream"],
+        "sorts_per_s": cfg["sort_records"] / t["sort"],
         "launch_s": t["launch"],
         "sync_s": t["sync"],
     }

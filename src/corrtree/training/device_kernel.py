@@ -183,28 +183,35 @@ class DeviceKernelTrainer(DeviceBand):
         fire flags ``F`` at their tracked points ``J``), less the same of their flags
         ``old`` when given (one GEMM of both: ``[M; M_old]ᵀ·[M; -M_old]``): float32 GEMMs
         of 0/±1 rows, each partial sum an integer below 2^24, so exact, and added to
-        ``N`` exactly."""
+        ``N`` exactly.  With one output ``A`` is not read (``None`` will do)."""
         torch = self.torch
-        n, K = self.n, A.shape[1]
+        n, K = self.n, self.At.shape[1]
         nK = n * K
         f32 = torch.float32
+        unit = K == 1  # a_r = ±1 (the model holds no other): a_r a_rᵀ = 1, the flags alone
         step = max(1, min(_EXACT_F32 - 1, self._chunk(J.shape[1], 8.0 * (n + 1) * (K + 1))))
         if old is not None:
             step = max(1, step // 2)
         for s in range(0, J.shape[0], step):
-            Js, a = J[s : s + step], A[s : s + step].to(f32)
+            Js = J[s : s + step]
             if old is None:
-                M = self._by_point(Js, F[s : s + step].to(f32))[:, :n, None] * a[:, None, :]
-                M = M.reshape(-1, nK)
+                M = self._by_point(Js, F[s : s + step].to(f32))[:, :n]
+                if not unit:
+                    M = (M[:, :, None] * A[s : s + step, None, :].to(f32)).reshape(-1, nK)
                 self.N.add_(M.T @ M)
                 continue
             # both flags of each row by point in one scatter, then [M; M_old]ᵀ·[M; -M_old]
             by = torch.zeros((Js.shape[0], 2, n + 1), dtype=f32, device=self.device)
             flags = torch.stack((F[s : s + step], old[s : s + step]), dim=1).to(f32)
             by.scatter_(2, Js[:, None, :].expand(-1, 2, -1), flags)
-            M = by[:, :, :n, None] * a[:, None, None, :]
-            signed = (M * self._signs).reshape(-1, nK)
-            self.N.add_(M.reshape(-1, nK).T @ signed)
+            if unit:  # the pad point's column (zeros) left out by a strided view
+                M = by.view(-1, n + 1)[:, :n]
+                signed = (by * self._signs[:, :, :, 0]).view(-1, n + 1)[:, :n]
+            else:
+                M = by[:, :, :n, None] * A[s : s + step, None, None, :].to(f32)
+                signed = (M * self._signs).reshape(-1, nK)
+                M = M.reshape(-1, nK)
+            self.N.add_(M.T @ signed)
 
     def _rebuild_h(self) -> None:
         """``H = N ∘ G / m`` everywhere (:meth:`_ntk_at`), by blocks of rows: the
@@ -229,15 +236,16 @@ class DeviceKernelTrainer(DeviceBand):
         matrix built anew."""
         return self.N[Ir, Jx] * g / float(self.width)
 
-    def _change_counts(self, J, fo, fn, changed, A, touched: int, flips: int) -> None:
+    def _change_counts(self, J, fo, fn, changed, rows_touched, A, touched: int, flips: int):
         """Add ``f_new f_newᵀ - f_old f_oldᵀ`` (times ``a_r a_rᵀ``) of visited rows (places
         ``J``, output weights ``A``) to ``N`` at the entries that change, and recompute
-        ``H`` there; ``touched`` rows have a flip and there are ``flips`` flips (both read
-        with the visit's counts, so priced exactly).
+        ``H`` there; ``touched`` rows have a flip (``rows_touched`` marks them) and there
+        are ``flips`` flips (both read with the visit's counts, so priced exactly).
         The additions are integers, so ``N`` is exact whatever their order and grouping.
 
         Two ways, priced with the device's rates: by float32 GEMMs of the touched rows
-        (a batch of :func:`capacity` rows), their old fire sets subtracted and their new
+        (a batch of :func:`capacity` rows, or the whole visited batch where its extra
+        rows cost less than picking those), their old fire sets subtracted and their new
         ones added (:meth:`_add_counts`: ``4·k·(nK)²`` flops, fixed shapes) and ``H``
         rebuilt (:meth:`_rebuild_h`); or entry by entry, each flip ``2·Q·K²`` entries
         (:meth:`_scatter_counts`), each way with its launches."""
@@ -247,16 +255,25 @@ class DeviceKernelTrainer(DeviceBand):
         if not touched:
             return
         rate = self._rates()
-        k = capacity(touched, J.shape[0])
-        by_gemm = 4.0 * k * nK * nK / rate["flops32"] + 48.0 * nK * nK / rate["bytes"]
-        by_gemm += 20 * rate["launch"]
+        size = J.shape[0]
+        k = capacity(touched, size)
+        # the touched rows picked (a compaction and four gathers), or the whole batch (a
+        # row without a flip adds nothing), whichever costs less
+        gemm = 4.0 * nK * nK / rate["flops32"]
+        whole = size * gemm <= k * gemm + 7 * rate["launch"]
+        by_gemm = (size if whole else k) * gemm + 48.0 * nK * nK / rate["bytes"]
+        by_gemm += (13 if whole else 20) * rate["launch"]
         entries = 2.0 * capacity(flips, changed.numel()) * J.shape[1] * K * K
         scattered = entries / rate["scatters"] + 30 * rate["launch"]
-        fits = 8.0 * k * nK <= _CHUNK_SHARE * free_bytes(self.device)  # the rows' products
+        rows_share = 8.0 * (size if whole else k) * nK  # the rows' products
+        fits = rows_share <= _CHUNK_SHARE * free_bytes(self.device)
         if fits and by_gemm <= scattered:
-            rows, live = compact(torch, changed.any(dim=1), k, self._arange(changed.shape[0]))
-            w = live[:, None]
-            self._add_counts(J[rows], fn[rows] & w, A[rows], old=fo[rows] & w)
+            if whole:
+                self._add_counts(J, fn, A, old=fo)
+            else:  # the batch's padding rows have no flip either: they add nothing
+                by_sort = self._by_sort(size)
+                rows, _ = compact(torch, rows_touched, k, self._arange(size), by_sort)
+                self._add_counts(J[rows], fn[rows], None if K == 1 else A[rows], old=fo[rows])
             self._rebuild_h()
             return
         self._scatter_counts(J, fo, fn, changed, A, flips)
@@ -271,7 +288,8 @@ class DeviceKernelTrainer(DeviceBand):
         K, Q = A.shape[1], J.shape[1]
         n = self.n
         cap = capacity(flips, changed.numel())
-        flat, live = compact(torch, changed.reshape(-1), cap)
+        by_sort = self._by_sort(changed.numel())
+        flat, live = compact(torch, changed.reshape(-1), cap, by_sort=by_sort)
         per = 4.0 * Q * K * K * 64.0  # indices, values, G and H for each entry
         group = max(1, int(_CHUNK_SHARE * free_bytes(self.device) // per))
         fnd, fod = fn.to(self._f64), fo.to(self._f64)
@@ -312,9 +330,9 @@ class DeviceKernelTrainer(DeviceBand):
         g = self._own_at(self.J[idx], self.At[idx])
         return self.kappa[idx] + self.torch.where(self.F[idx], self.eta_s * g, 0.0)
 
-    def _fresh_keys(self, J, V, beta, valid, over=None):
+    def _fresh_keys(self, J, V, beta, valid, dist=None):
         """The keys of rows anchored now at places ``J`` (``valid`` marks the tracked
-        ones; the others' keys are inf), their products ``V`` (``over``: ``V - b``, when
+        ones; the others' keys are inf), their products ``V`` (``dist``: ``|V - b|``, when
         known) and band half-widths ``beta``, at clock 0: each pair's
         ``(|V - b| - allow)/||x_j||`` and the band key ``(β - allow)/R``, ``allow`` the
         rounding of a value from this anchor on (by the Gram identity, ``Q`` terms, or by the
@@ -322,9 +340,9 @@ class DeviceKernelTrainer(DeviceBand):
         side).  Returns both."""
         torch = self.torch
         terms = max(J.shape[1], self.n + 1) + self.X.shape[1]
-        allow = 8.0 * (terms + 2) * _EPS * V.abs().amax(dim=1)
-        over = V - self.b if over is None else over
-        gap = (over.abs() - allow[:, None]) / self.xnorm[J]
+        allow = 8.0 * (terms + 2) * _EPS * torch.linalg.vector_norm(V, ord=np.inf, dim=1)
+        dist = (V - self.b).abs() if dist is None else dist
+        gap = (dist - allow[:, None]) / self.xnorm[J]
         # a band is left no sooner than a move of (β - allow)/R (the R rounded up)
         return torch.where(valid, gap, np.inf), (beta - allow) / (self.R * (1.0 + 1e-12))
 
@@ -343,9 +361,9 @@ class DeviceKernelTrainer(DeviceBand):
         else:
             e = (E[self.Jf] * self.At[:, None, :]).sum(dim=2)
         bound = (e.abs() * self.XNf).sum(dim=1)
-        if self._sigmas:  # some σ is known: the lesser bound where it is
-            two = self.sigma * torch.sqrt((e * e).sum(dim=1))
-            bound = torch.where(torch.isinf(self.sigma), bound, torch.minimum(bound, two))
+        if self._sigmas:  # some σ is known: the lesser bound where it is (an unknown σ,
+            # inf, gives inf, or nan with a zero error: fmin keeps the other bound)
+            bound = torch.fmin(bound, self.sigma * torch.linalg.vector_norm(e, dim=1))
         return bound * (self.eta_s * (1.0 + 4.0 * (self.Jf.shape[1] + 4) * _EPS))
 
     def _new_lists(self) -> None:
@@ -378,15 +396,12 @@ class DeviceKernelTrainer(DeviceBand):
         if J is None:
             J = self.J[:, : F.shape[1]] if idx is None else self.J[idx, : F.shape[1]]
         Pf = self.Jf.shape[1] if width is None else width
-        k = min(F.shape[1], Pf)  # the rows' places may be fewer than the lists'
-        # the fired places first, in order (a stable sort of the flags), and their flags
-        flags, first = torch.sort(F.to(torch.uint8), dim=1, descending=True, stable=True)
-        points = torch.where(flags[:, :k] > 0, torch.gather(J, 1, first[:, :k]), self.n)
-        if k < Pf:
-            lists = torch.full((J.shape[0], Pf), self.n, dtype=J.dtype, device=J.device)
-            lists[:, :k] = points
-        else:
-            lists = points
+        # the fired points in place order, then the pad n: a fired place's column is its
+        # rank among the row's fired places (a prefix sum, no sort), 1, 2, ...; the
+        # others' (and those past the width) the column Pf + 1, column 0 the pad
+        place = torch.where(F, torch.cumsum(F, dim=1), Pf + 1).clamp_(max=Pf + 1)
+        lists = torch.full((J.shape[0], Pf + 2), self.n, dtype=J.dtype, device=J.device)
+        lists = lists.scatter_(1, place, J)[:, 1 : Pf + 1]
         if idx is None:
             self.Jf, self.XNf = lists, self.xnorm[lists]
         else:
@@ -400,12 +415,8 @@ class DeviceKernelTrainer(DeviceBand):
         terms of one sign included."""
         torch = self.torch
         f = self._by_point(J, F.to(self._f64))
-        rows = torch.where(f > 0, f @ self.Gabs, 0.0).amax(dim=1)
+        rows = (f @ self.Gabs * f).amax(dim=1)  # f is 0/1: the sums at the points of S
         return torch.sqrt(rows * (1.0 + 4.0 * (self.n + 3) * _EPS))
-
-    def _rates(self) -> dict[str, float]:
-        """The device's rates (:data:`~corrtree._config.DEVICE_RATES`)."""
-        return _config.DEVICE_RATES.get(self.device.type, _config.DEVICE_RATES["cpu"])
 
     # -- a visit -------------------------------------------------------------------------
     def _visit(self, idx, live):
@@ -422,58 +433,63 @@ class DeviceKernelTrainer(DeviceBand):
         the output weights; ``N`` and ``H`` once the counts are read), ``σ`` where the
         fire set changed, keys, fire lists.
 
-        Returns device scalars ``(re-anchored, values, flips, width, lists, touched)``,
-        the mask (over ``idx``) of the rows left as they were because their new pairs
-        outgrow the tracked width (``width``: the widest of them; ``lists``: the largest
-        fire set, against the lists' width), and what :meth:`_change_counts` takes once
-        the counts are read (the flips and ``touched``, the rows with a flip, price its
-        two ways)."""
+        Returns the device scalars ``(re-anchored, values, flips, width, lists,
+        touched)`` in one float64 tensor (``width``: the widest new pairs of a live row,
+        above the tracked width where a row was left as it was for want of room;
+        ``lists``: the largest fire set, against the lists' width), the mask (over
+        ``idx``) of the rows re-anchored, and what :meth:`_change_counts` takes once the
+        counts are read (the flips and ``touched``, the rows with a flip, price its two
+        ways)."""
         torch = self.torch
         n, Q, f64 = self.n, self.J.shape[1], self._f64
         J, fo, A = self.J[idx], self.F[idx], self.At[idx]
-        uref, cref, kap, key = self.rowsQ[idx].unbind(1)
+        old = self.rowsQ[idx]
+        kap = old[:, self.PLACES.index("kappa")]
         beta, sigma, bandkey, clock, _, _ = self.rowsS[idx].unbind(1)
-        C = kap + torch.where(fo, self.eta_s * self._own_at(J, A), 0.0)
-        # C, κ and the fire flags by point, in one scatter (the pad point's column 0)
-        by = torch.zeros((J.shape[0], 3, n + 1), dtype=f64, device=self.device)
-        by.scatter_(2, J[:, None, :].expand(-1, 3, -1), torch.stack((C, kap, fo.to(f64)), 1))
-        Cd = by[:, 0]
+        # η/√m·<a_r, E_j> at every point (one GEMM), κ and the fire flags by point (one
+        # scatter; the pad point's columns 0), and C = κ + f·η/√m·<a_r, E_j> by point
+        own = (A @ self.Ep.T).mul_(self.eta_s)
+        by = torch.zeros((J.shape[0], 2, n + 1), dtype=f64, device=self.device)
+        by.scatter_(2, J[:, None, :].expand(-1, 2, -1), torch.stack((kap, fo.to(f64)), 1))
+        Cd = torch.addcmul(by[:, 0], by[:, 1], own)
         U = self._current_rows(idx, Cd) @ self.Xp.T  # every product now, (k, n + 1)
-        kept = (U[:, :n] >= self.b - beta[:, None]) | (by[:, :, :n] != 0).any(dim=1)
-        wide = kept.sum(dim=1)
+        # a pair with a coefficient has κ ≠ 0 or fired
+        kept = (U[:, :n] >= self.b - beta[:, None]) | by[:, :, :n].any(dim=1)
+        wide = kept.sum(dim=1, dtype=f64)
         ok = live & (wide <= Q)  # the others wait for a wider Q, as they were
-        width = torch.where(live, wide, 0).max()  # above Q only where a row is not ok
+        width = torch.where(live, wide, 0.0).max()  # above Q only where a row is not ok
         newJ, V, Cn = self._anchor_places(U, Cd, kept)
         w = ok[:, None]
         # κ and the flags at the new places (an untracked pair has κ = 0 and is off)
-        moved = torch.gather(by[:, 1:], 2, newJ[:, None, :].expand(-1, 2, -1))
+        moved = torch.gather(by, 2, newJ[:, None, :].expand(-1, 2, -1))
         J = torch.where(w, newJ, J)
         due = w & (J < n)
         fo = torch.where(w, moved[:, 1] > 0, fo)
         kap = torch.where(w, moved[:, 0], kap)
         fn = torch.where(due, V >= self.b, fo)
         changed = fn != fo
-        g = torch.where(fn, self.eta_s * self._own_at(J, A), 0.0)
-        kap = torch.where(changed, Cn - g, kap)
-        over = V - self.b
-        delta = torch.where(changed, torch.where(fn, over, -over), 0.0)  # (V - b)(f - f_old)
-        self.u_dev += (self._by_point(J, delta)[:, :n].T @ A) * (self.scale * self.alpha)
-        keys, fresh_band = self._fresh_keys(J, V, beta, due, over)
-        fresh = torch.stack((V, Cn, kap, keys), dim=1)
-        places = torch.where(w[:, None], fresh, torch.stack((uref, cref, kap, key), dim=1))
+        touched = changed.any(dim=1)
+        kap = torch.where(changed, Cn - torch.where(fn, torch.gather(own, 1, J), 0.0), kap)
+        dist = (V - self.b).abs()
+        # (V - b)(f_new - f_old) at a flip is |V - b|: on where V >= b, off where V < b
+        delta = self._by_point(J, torch.where(changed, dist, 0.0))
+        self.u_dev.addmm_(delta[:, :n].T, A, alpha=self.scale * self.alpha)
+        keys, fresh_band = self._fresh_keys(J, V, beta, due, dist)
+        # the rows not ok keep their places, κ included (their κ above is the old one)
+        places = torch.where(w[:, None], torch.stack((V, Cn, kap, keys), dim=1), old)
         bandkey = torch.where(ok, fresh_band, bandkey)
         clock = torch.where(ok, 0.0, clock)
         if self._use_sigma:  # σ where the fire set changed (or is not known yet)
-            redo = ok & (changed.any(dim=1) | torch.isinf(sigma))
+            redo = ok & (touched | torch.isinf(sigma))
             sigma = torch.where(redo, self._sigma(fn, J), sigma)
-        limit, nfire = self._limits(places[:, 3], bandkey), fn.sum(dim=1)
+        limit, nfire = self._limits(places[:, 3], bandkey), fn.sum(dim=1, dtype=f64)
         self.rowsQ[idx] = places
-        self.rowsS[idx] = torch.stack((beta, sigma, bandkey, clock, limit, nfire.to(f64)), dim=1)
+        self.rowsS[idx] = torch.stack((beta, sigma, bandkey, clock, limit, nfire), dim=1)
         self.J[idx], self.F[idx] = J, fn
         lists = self._fire_lists(idx, fn, J, nfire)
-        touched = changed.any(dim=1)
-        counts = torch.stack((ok.sum(), due.sum(), changed.sum(), width, lists, touched.sum()))
-        return counts, live & ~ok, (J, fo, fn, changed, A)
+        ok_n, due_n, flips_n, touched_n = (c.sum(dtype=f64) for c in (ok, due, changed, touched))
+        counts = torch.stack((ok_n, due_n, flips_n, width, lists, touched_n))
+        return counts, ok, (J, fo, fn, changed, touched, A)
 
     # -- the trainer's interface ----------------------------------------------------------
     def _top_eigenvalue(self, G: np.ndarray, X: np.ndarray) -> tuple[float, float]:
@@ -503,11 +519,12 @@ class DeviceKernelTrainer(DeviceBand):
         n, K = self.n, self.At.shape[1]
         f64 = self._f64
         # the History row describes W(t), before the step
-        stats = torch.stack(((self.nfire > 0).sum(), self.nfire.sum(), (self.J < n).sum()))
+        stats = (self.nfire > 0).sum(dtype=f64), self.nfire.sum(), (self.J < n).sum(dtype=f64)
         with self.timer("backward"):
             E = torch.zeros((n + 1, K), dtype=f64, device=self.device)
             self._upload(err, E[:n])
-            self.u_dev -= self.lr * (self.H @ E[:n].reshape(-1)).reshape(n, K)
+            # u(t+1) = u(t) - η·H·err(t), in place (u is contiguous: the view fails if not)
+            self.u_dev.view(-1).addmv_(self.H, E[:n].reshape(-1), alpha=-self.lr)
             moves = self._steps(E)
             self.clock += moves
             self.Ep += E
@@ -516,7 +533,7 @@ class DeviceKernelTrainer(DeviceBand):
             due = (self.clock >= self.limit) & (moves > 0)
             # one transfer carries what the host decides on (the History row, the number
             # due) and u(t+1) as it is if nothing is due (counts are exact in float64)
-            head = torch.cat((stats, due.sum().reshape(1))).to(f64)
+            head = torch.stack((*stats, due.sum(dtype=f64)))
             head = torch.cat((head, self.u_dev.reshape(-1))).cpu().numpy()
             ndue = int(head[3])
             self.u = np.array(head[4:].reshape(n, K))  # unless a visit flips a pair
@@ -544,30 +561,36 @@ class DeviceKernelTrainer(DeviceBand):
     def _visit_due(self, due, ndue: int):
         """The ``ndue`` rows ``due`` marks visited in a batch of :func:`capacity`
         rows, by chunks within a share of the device's memory; one transfer brings
-        back the visits' counts (:meth:`_visit`), the rows left for a pass after
-        widening, and ``u(t+1)``.  Returns the mask of those rows and the counts."""
+        back the visits' counts (:meth:`_visit`) and ``u(t+1)``.  Returns the mask of
+        the rows left for a pass after widening (``None`` when there are none) and the
+        counts, the number of those rows last."""
         torch = self.torch
-        rows, live = compact(torch, due, capacity(ndue, self.m), self._arange(self.m))
+        cap = capacity(ndue, self.m)
+        rows, live = compact(torch, due, cap, self._arange(self.m), self._by_sort(self.m))
         n, d, Q = self.n, self.X.shape[1], self.J.shape[1]
         per = 8.0 * (12.0 * Q + 8.0 * (n + 1) + 2.0 * d) + 4.0 * n * self.At.shape[1]
         step = max(1, int(_CHUNK_SHARE * free_bytes(self.device) // per))
-        counts, skips, flips = [], [], []
+        counts, oks, flips = [], [], []
         for s in range(0, rows.numel(), step):
-            got, skip, changes = self._visit(rows[s : s + step], live[s : s + step])
+            got, ok, changes = self._visit(rows[s : s + step], live[s : s + step])
             counts.append(got)
-            skips.append(skip)
+            oks.append(ok)
             flips.append(changes)
-        todo = torch.zeros_like(due)
-        todo[rows] = torch.cat(skips) if len(skips) > 1 else skips[0]
-        head = torch.cat((torch.stack(counts).reshape(-1), todo.sum().reshape(1))).to(self._f64)
-        head = torch.cat((head, self.u_dev.reshape(-1))).cpu().numpy()  # one transfer
+        head = torch.cat((*counts, self.u_dev.reshape(-1))).cpu().numpy()  # one transfer
         k = len(counts)
         per = head[: 6 * k].reshape(k, 6)
-        for (touched, flipped), (J, fo, fn, changed, A) in zip(per[:, [5, 2]], flips, strict=True):
-            self._change_counts(J, fo, fn, changed, A, int(touched), int(flipped))
-        self.u = np.array(head[6 * k + 1 :].reshape(self.n, -1))
+        for (touched, flipped), (J, fo, fn, changed, rows_touched, A) in zip(
+            per[:, [5, 2]], flips, strict=True
+        ):
+            self._change_counts(J, fo, fn, changed, rows_touched, A, int(touched), int(flipped))
+        self.u = np.array(head[6 * k :].reshape(self.n, -1))
+        left = ndue - int(per[:, 0].sum())  # every live row is due: those not re-anchored
+        todo = None
+        if left:
+            todo = torch.zeros_like(due)
+            todo[rows] = live & ~(torch.cat(oks) if k > 1 else oks[0])
         total = np.concatenate((per[:, :3].sum(axis=0), per[:, 3:5].max(axis=0)))
-        return todo, np.append(total, head[6 * k])
+        return todo, np.append(total, left)
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         names = ("J", "uref", "cref", "kappa", "F", "beta", "sigma", "key", "bandkey", "clock")
