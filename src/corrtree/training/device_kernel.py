@@ -264,7 +264,7 @@ class DeviceKernelTrainer(DeviceBand):
         by_gemm = (size if whole else k) * gemm + 48.0 * nK * nK / rate["bytes"]
         by_gemm += (13 if whole else 20) * rate["launch"]
         entries = 2.0 * capacity(flips, changed.numel()) * J.shape[1] * K * K
-        scattered = entries / rate["scatters"] + 30 * rate["launch"]
+        scattered = entries / rate["scatters"] + 40 * rate["launch"]  # as counted
         rows_share = 8.0 * (size if whole else k) * nK  # the rows' products
         fits = rows_share <= _CHUNK_SHARE * free_bytes(self.device)
         if fits and by_gemm <= scattered:
@@ -307,8 +307,8 @@ class DeviceKernelTrainer(DeviceBand):
             j1, j2 = torch.cat((j1, j2)).reshape(-1), torch.cat((j2, j1)).reshape(-1)
             r = r.reshape(-1)
             g = self.Gp[j1, j2]
-            if K == 1:
-                vals, Ir, Jx = v * A[r, 0] ** 2, j1, j2
+            if K == 1:  # a_r = ±1: a_r² = 1
+                vals, Ir, Jx = v, j1, j2
             else:
                 a = A[r]
                 kk = torch.arange(K, device=self.device)
