@@ -90,6 +90,14 @@ def compact(torch, mask, cap: int, every=None, by_sort: bool = False):
     return order, every[:cap] < total
 
 
+def own_at(E, J, A):
+    """``<a_r, E_j>`` at places ``J`` of rows with output weights ``A`` (``E``: by point,
+    ``(n + 1, K)``): with one output one gather and one product."""
+    if A.shape[1] == 1:
+        return E[:, 0][J] * A
+    return (E[J] * A[:, None, :]).sum(dim=2)
+
+
 def capacity(count: int, m: int) -> int:
     """The batch size of ``count`` rows among ``m``: 0, or ``count`` (at least 64) rounded
     up to an eighth of the next power of two, at most ``m``: at most a quarter of a
@@ -608,10 +616,7 @@ class DeviceLazyTrainer(DeviceBand):
         with self.timer("backward"):
             Ep = torch.zeros((n + 1, K), dtype=f64, device=self.device)
             self._upload(err, Ep[:n])
-            if K == 1:
-                g = Ep[:, 0][self.J] * self.At
-            else:
-                g = (Ep[self.J] * self.At[:, None, :]).sum(dim=2)
+            g = own_at(Ep, self.J, self.At)
             self.C.addcmul_(self.F, g, value=self.eta_s)  # C += η/√m·F∘g, one launch
         with self.timer("query"):
             # the History row describes W(t), before the step

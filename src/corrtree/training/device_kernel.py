@@ -61,6 +61,7 @@ from .device_band import (
     DeviceBand,
     capacity,
     compact,
+    own_at,
 )
 from .optim import LinearStep
 
@@ -320,14 +321,8 @@ class DeviceKernelTrainer(DeviceBand):
             self.H[Ir, Jx] = self._ntk_at(Ir, Jx, g)
 
     # -- coefficients, limits, clocks --------------------------------------------------
-    def _own_at(self, J, A):
-        """``<a_r, E_j>`` at places ``J`` of rows with output weights ``A``."""
-        if A.shape[1] == 1:
-            return self.Ep[:, 0][J] * A
-        return (self.Ep[J] * A[:, None, :]).sum(dim=2)
-
     def _coef(self, idx):
-        g = self._own_at(self.J[idx], self.At[idx])
+        g = own_at(self.Ep, self.J[idx], self.At[idx])
         return self.kappa[idx] + self.torch.where(self.F[idx], self.eta_s * g, 0.0)
 
     def _fresh_keys(self, J, V, beta, valid, dist=None):
