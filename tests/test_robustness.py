@@ -4,14 +4,16 @@ wrong model; each must now give the right result or a one-line error."""
 import json
 import signal
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 from test_cli import CLI, EVERY, ITERS, assert_one_line_error, run, signal_mid_run
 
 import corrtree as ct
-from corrtree import cli, datasets
+from corrtree import _commands, cli, datasets
 
 
 def _csv(path, X, y, header=None, bom=False):
@@ -343,11 +345,15 @@ def test_an_interrupt_once_the_output_folder_is_made_says_nothing_was_saved(
     run starts) says that nothing was saved, as any signal before the first checkpoint
     does, not a bare "interrupted"."""
 
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt("interrupted")
-
-    monkeypatch.setattr(cli.tempfile, "TemporaryFile", interrupted)
     out = tmp_path / "o"
+    make = tempfile.TemporaryFile
+
+    def interrupted(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir) == out:  # the check of --out, not numba's cache
+            raise KeyboardInterrupt("interrupted")
+        return make(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", interrupted)
     code = cli.main(["train", "--data", "sphere", "--iters", "2", "--quiet", "--out", str(out)])
     err = capsys.readouterr().err
     assert code == cli.EXIT_INTERRUPTED and out.is_dir(), err
@@ -407,7 +413,7 @@ def test_progress_bar_fits_the_terminal(width):
     buf = io.StringIO()
     console = Console(file=buf, width=width, force_terminal=False, color_system=None)
     hist = _one_row(loss=94.78123, fired_pairs=12_345_678, moved_neurons=1)
-    with cli.Progress(1000, "kernel", console=console) as progress:
+    with _commands.Progress(1000, "kernel", console=console) as progress:
         progress(499, hist)
     line = buf.getvalue().rstrip("\n")
     assert len(line) <= width and "\n" not in line
