@@ -63,8 +63,26 @@ def _marked(mark: str) -> list[int]:
     return found
 
 
-def trial(command: str, kind: str, delay: float, timeout: float = 300.0) -> str | None:
-    """One trial; ``None`` when every check holds, else what went wrong."""
+def _wait_for_handlers(pid: int, longest: float = 30.0) -> None:
+    """Until process ``pid`` catches SIGTERM (``SigCgt`` in ``/proc/PID/status``): the
+    moment ``corrtree.cli.main`` has installed its handlers, before numpy, numba and
+    scipy load.  Python catches SIGINT from its start (unless it inherited SIG_IGN), so
+    SIGTERM marks the command's own handlers."""
+    start = time.monotonic()
+    while time.monotonic() - start < longest:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return  # it has ended
+        caught = next(ln for ln in status.splitlines() if ln.startswith("SigCgt:"))
+        if int(caught.split()[1], 16) >> (signal.SIGTERM - 1) & 1:
+            return
+        time.sleep(0.002)
+
+
+def trial(command: str, kind: str, delay: float | None, timeout: float = 300.0) -> str | None:
+    """One trial; ``None`` when every check holds, else what went wrong.  ``delay``: seconds
+    after the start, or ``None`` for the moment the command installs its stop handlers."""
     mark = uuid.uuid4().hex
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "NUMBA_CACHE_DIR": str(Path(tmp) / "cache"), _MARK: mark}
@@ -77,7 +95,10 @@ def trial(command: str, kind: str, delay: float, timeout: float = 300.0) -> str 
             env=env,
             start_new_session=True,
         )
-        time.sleep(delay)
+        if delay is None:
+            _wait_for_handlers(proc.pid)
+        else:
+            time.sleep(delay)
         for k, sig in enumerate(KINDS[kind]):
             if k:
                 time.sleep(0.1)

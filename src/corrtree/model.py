@@ -374,8 +374,9 @@ class TwoLayerReLU:
 
         An implicit model regenerates each block's rows and finds its firing pairs
         with a float32 GEMM, recomputing in float64 every product within the GEMM's
-        error bound of ``b`` (:func:`~corrtree._implicit.forward_rows`): the same firing
-        set and float64 values as a float64 GEMM, at about half its cost.
+        error bound of ``b`` (:func:`~corrtree._implicit.forward_rows`): the firing set
+        and float64 values of a float64 GEMM (up to its rounding: a product within an ulp
+        or so of ``b`` may fall on either side), at about half its cost.
         """
         n = X.shape[0]
         out = np.zeros((n, self.outputs))
