@@ -184,7 +184,7 @@ def test_bad_data_files(tmp_path):
     )
 
 
-ITERS = 600  # the signal comes after the first scheduled checkpoint, long before the end
+ITERS = 300  # the signal comes after the first scheduled checkpoint, long before the end
 EVERY = 20
 
 
