@@ -281,13 +281,18 @@ def test_sharded_implicit_runs_regenerate_their_rows(tmp_path, method):
         ct.resume(ck, X, y, shards=2)
 
 
-def _in_order(w, x):
-    """``<w, x>`` summed in order, one rounding a product and one a sum (the implicit
-    forward's float64 products)."""
-    u = 0.0
-    for wi, xi in zip(w.tolist(), x.tolist(), strict=True):
-        u += wi * xi
-    return u
+def _forward_products(W, X):
+    """``<W[r], X[j]>`` as the implicit forward's float64 pass sums them (its own kernel,
+    every pair a candidate; negative products read 0)."""
+    from corrtree._implicit import _fire_exact
+
+    U = np.empty((W.shape[0], X.shape[0]))
+    for r in range(W.shape[0]):
+        out, counts = np.zeros((X.shape[0], 1)), np.zeros(X.shape[0], dtype=np.int64)
+        UT = np.zeros((X.shape[0], 1), dtype=np.float32)
+        _fire_exact(UT, np.full(1, -np.inf), W[r : r + 1], X, np.ones((1, 1)), 0.0, out, counts)
+        U[r] = out[:, 0]
+    return U
 
 
 def test_implicit_forward_finds_the_same_firing_pairs():
@@ -300,16 +305,13 @@ def test_implicit_forward_finds_the_same_firing_pairs():
     np.testing.assert_array_equal(model.fire_counts(X), explicit.fire_counts(X))
     np.testing.assert_allclose(model.predict(X), explicit.predict(X), rtol=0, atol=1e-13)
     # b exactly at one product: that pair fires in both.  The float64 GEMM and the
-    # in-order sum of the implicit forward may round a product apart (BLAS kernels differ
-    # by CPU), so the tie is a product on which both agree
+    # implicit forward's sums may round a product apart (BLAS kernels differ by CPU), so
+    # the tie is a product on which both agree
     W = model.weights()
     U64 = W @ X.T
-    r, j = next(
-        (r, j)
-        for r in range(7, W.shape[0])
-        for j in range(3, X.shape[0])
-        if U64[r, j] > 0 and U64[r, j] == _in_order(W[r], X[j])
-    )
+    both = (U64[:40] > 0) & (U64[:40] == _forward_products(W[:40], X))
+    assert both.sum() > 100  # most products round alike
+    r, j = np.argwhere(both)[0]
     edge = ct.TwoLayerReLU._of_implicit(model.implicit_weights, model._a, float(U64[r, j]), False)
     counts = edge.fire_counts(X)
     assert counts[j] >= 1

@@ -56,9 +56,9 @@ def _fire_exact(UT, thr, W, X, a, b, out, counts):
     """For every point ``j`` (in parallel) and row ``k`` in order: where the float32
     product ``UT[j, k]`` reaches ``thr[k]`` (``b`` less the row's float32 error bound),
     the float64 product ``u = <W[k], X[j]>``, and if ``u >= b``: ``out[j] += a[k]·(u - b)``,
-    ``counts[j] += 1``.  The firing set and values of the float64 products, each summed
-    in order (a float64 GEMM's blocked sums agree up to rounding, so the two can part only
-    on a product within an ulp or so of ``b``); each point's sum in a fixed order.
+    ``counts[j] += 1``.  The firing set and values of the float64 products (vectorized
+    sums: a float64 GEMM's agree up to rounding, so the two can part only on a product
+    within an ulp or so of ``b``); each point's sum in a fixed order.
     O(n·rows + d·candidates)."""
     d = X.shape[1]
     K = a.shape[1]
