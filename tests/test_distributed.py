@@ -91,7 +91,8 @@ def test_checkpoints_resume_on_the_same_and_other_shards(client, tmp_path, metho
     same, hist = ct.resume(path, X, y, client=client, shards=2)
     assert len(hist) == 16 and first.info["shards"] == hist.info["shards"] == 2
     assert hist.lr == first.lr
-    np.testing.assert_array_equal(same.W, whole.W)  # the same shards: bit for bit
+    placed = f"shards on {first.info['workers']}, resumed on {hist.info['workers']}"
+    np.testing.assert_array_equal(same.W, whole.W, err_msg=placed)  # the same shards: bit for bit
     for shards in (1, 3):  # other shards start from W(t): the same trajectory up to rounding
         other, _ = ct.resume(path, X, y, shards=shards)
         assert _close(other.W, whole.W)
