@@ -302,14 +302,17 @@ def widths(res: dict) -> str:
         ],
         rows,
     )
-    last = res["machine"]["date"]
-    earlier = {}
+    last, cpu = res["machine"]["date"], res["machine"]["cpu"]
+    earlier: dict[tuple[str, str], list[str]] = {}
     for name, r in res["results"].items():
-        if r.get("measured", last) != last:
-            earlier.setdefault(r["measured"], []).append(name)
+        when = (r.get("measured", last), r.get("measured_on", cpu))
+        if when != (last, cpu):
+            earlier.setdefault(when, []).append(name)
     dates = "".join(
-        f" Measured on {day}, the same machine: {', '.join(names)}."
-        for day, names in sorted(earlier.items())
+        f" Measured on {day}, "
+        + ("the same machine" if on == cpu else f"on {on} (2 cores)")
+        + f": {', '.join(names)} (each ratio against a case of the same run)."
+        for (day, on), names in sorted(earlier.items())
     )
     return (
         text + "\n\n\\* extrapolated from the first iterations. `exact`: every trainer's first "
@@ -1013,7 +1016,8 @@ SUITES = {
         "W2's image patches as the width grows (the kernel trainer), and, side by side in "
         "the same run, on data of the same kinds that the workloads do not use (other "
         "patches: other positions, 12×12 crops; scikit-learn's diabetes regression set, "
-        "standardized) beside W2's patches and W5's breast cancer at the same width (the "
+        "standardized and scaled to unit rows as every workload is) beside W2's patches and "
+        "W5's breast cancer at the same width (the "
         "lazy and kernel trainers), against dense numpy (its first iterations, "
         "extrapolated), each run in a fresh process. A set-up is `G`, the float32 GEMM and "
         "the scans; the learning rate is apart.",

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ._util import print_table, save_result
+from ._util import machine_info, print_table, save_result
 from .workloads import final_consistent, median_run, same_losses
 
 __all__ = ["CASES", "SIZES", "run"]
@@ -96,6 +96,7 @@ def run(
             "case": {**c, "iters": iters},
             "runs": [],
             "measured": datetime.date.today().isoformat(),
+            "measured_on": machine_info()["cpu"],  # cases re-run alone keep their own
         }
         for k in widths:
             m = max(256, int(2**k * p["scale_m"]))

@@ -29,6 +29,7 @@ import numpy as np
 from .._validation import available_memory
 from ..datasets import breast_cancer, digits, image_patches, sphere
 from ..model import TwoLayerReLU
+from ..preprocessing import unit_rows
 from ..training import train
 from ..training._choice import choose_method
 from ._util import in_child, peak_rss_bytes, print_table, save_result, warm_kernels
@@ -84,11 +85,12 @@ def load(data: str, args: dict[str, Any], scale_n: float) -> tuple[np.ndarray, n
         ds = image_patches(n=n, size=args["size"], seed=args.get("seed", 0))
     elif data == "digits":
         ds = digits(test_size=0, standardize=True)
-    elif data == "diabetes":  # scikit-learn's bundled regression set, standardized
+    elif data == "diabetes":  # scikit-learn's bundled regression set, prepared as the
+        # others are (and as `corrtree train` prepares a file): standardized, unit rows
         from sklearn.datasets import load_diabetes
 
         X, y = load_diabetes(return_X_y=True)
-        X = (X - X.mean(axis=0)) / X.std(axis=0)
+        X = unit_rows((X - X.mean(axis=0)) / X.std(axis=0))
         return np.ascontiguousarray(X), ((y - y.mean()) / y.std()).reshape(-1, 1)
     else:
         ds = breast_cancer(test_size=0)
