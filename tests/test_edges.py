@@ -420,6 +420,25 @@ def test_the_command_line_takes_signals_before_numpy_numba_and_scipy_load():
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
 
 
+def test_an_interrupt_through_generated_code_still_exits_130(tmp_path):
+    """A ``KeyboardInterrupt`` that crossed an ``exec`` of source text (numba and scipy run
+    such code as they compile and load) is handled by ``main``: one line and status 130,
+    not the interpreter ending itself by SIGINT afterwards (``python -m``)."""
+    (tmp_path / "probe.py").write_text(
+        "import sys\n"
+        "from corrtree import _commands, cli\n"
+        "def command(args):\n"
+        "    exec(\"raise KeyboardInterrupt('interrupted')\")\n"
+        "_commands.COMMANDS['demo'] = command\n"
+        "sys.exit(cli.main(['demo']))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "probe"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert proc.returncode == 130, (proc.returncode, proc.stderr)
+    assert proc.stderr.strip() == "corrtree: interrupted", proc.stderr
+
+
 def test_a_signal_is_held_until_the_compilation_ends():
     """In a library call (no hook), SIGINT sent while a kernel compiles arrives as
     ``KeyboardInterrupt`` once the compilation is over: the kernel is whole and runs."""

@@ -69,8 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     _stopping.clear()
     held = None
     try:
-        _load()
-        from . import _commands, _jit
+        from . import _commands, _jit  # under the handlers: numpy, numba, scipy load here
         from ._cli_parser import build_parser
 
         held = _jit.on_held_signal
@@ -82,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         _stopping.append(signal.SIGINT)  # later signals: ignored while this one ends the run
         msg = str(exc) or "interrupted"
         print(f"corrtree: {msg}", file=sys.stderr)
+        _forget_unhandled_interrupt()
         return EXIT_INTERRUPTED
     except Exception as exc:
         commands = sys.modules.get("corrtree._commands")  # absent if its import failed
@@ -96,19 +96,14 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(s, handler)
 
 
-def _load() -> None:
-    """Import the commands and what they use (numpy, numba, scipy: most of a second) under
-    this command's handlers.  A stop signal meanwhile ends the process at once, with its
-    one line and status 130: nothing has been written yet, and an exception that crossed
-    an extension's own Python code on its way (scipy's, as it loads) would otherwise make
-    the interpreter end itself by SIGINT after printing that line."""
-    try:
-        from . import _commands  # noqa: F401
-    except KeyboardInterrupt as exc:
-        _stopping.append(signal.SIGINT)
-        sys.stderr.write(f"corrtree: {exc or 'interrupted'}\n")
-        sys.stderr.flush()
-        os._exit(EXIT_INTERRUPTED)
+def _forget_unhandled_interrupt() -> None:
+    """Clear CPython's record of an unhandled ``KeyboardInterrupt``.  An interrupt that
+    crossed an ``exec`` of source text on its way here (numba and scipy run such code as
+    they compile and load) set it, even though :func:`main` handled the exception, and
+    the interpreter would then end itself by SIGINT after the command's one line instead
+    of exiting with status 130.  Every evaluation of source text resets the record first
+    (``run_eval_code_obj`` in ``Python/pythonrun.c``), and an empty one leaves it clear."""
+    exec("pass")  # a constant, evaluated for its side effect on the record
 
 
 def _main_thread() -> bool:
