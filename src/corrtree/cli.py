@@ -3,8 +3,9 @@
 :func:`main` installs the command's stop signals (SIGINT, SIGTERM) before anything heavy is
 imported: ``import corrtree`` loads its modules on first use, so numpy, numba, scipy and
 the commands themselves (:mod:`corrtree._commands`) load under those handlers, and a Ctrl-C
-at any moment after the interpreter has started ends the command with one line and exit
-status 130, never a traceback.  This module imports the standard library alone.
+at any moment once :func:`main` runs (the interpreter's own start-up, a few tens of ms,
+is Python's) ends the command with one line and exit status 130, never a traceback.  This
+module imports the standard library alone.
 """
 
 from __future__ import annotations
