@@ -229,12 +229,14 @@ class DeviceBand(Trainer):
         raise NotImplementedError
 
     # -- anchoring ---------------------------------------------------------------------
-    def _chunk(self, Q: int, extra: float = 0.0) -> int:
+    def _chunk(self, Q: int, extra: float = 0.0, copies: int = 1) -> int:
         """Rows per chunk of the batched products (``extra`` bytes a row on top): a row's
         tracked places and its rows over the points (:meth:`_gemm_values`, the
-        anchoring's exact row)."""
+        anchoring's exact row); ``copies`` of all of that a row (a product of two rows
+        a row).  At most ``m``: the memory is shared before the rows are capped, so a
+        batch of fewer than ``m`` rows that fits is one chunk."""
         n, d = self.n, self.X.shape[1]
-        per = 8.0 * (6 * Q + 4 * (n + 1) + d) + extra
+        per = (8.0 * (6 * Q + 4 * (n + 1) + d) + extra) * copies
         return int(max(1, min(self.m, _CHUNK_SHARE * free_bytes(self.device) // per)))
 
     def _anchor(self, rows, coef, keep=None, moved: bool = True):

@@ -190,9 +190,11 @@ class DeviceKernelTrainer(DeviceBand):
         nK = n * K
         f32 = torch.float32
         unit = K == 1  # a_r = ±1 (the model holds no other): a_r a_rᵀ = 1, the flags alone
-        step = max(1, min(_EXACT_F32 - 1, self._chunk(J.shape[1], 8.0 * (n + 1) * (K + 1))))
-        if old is not None:
-            step = max(1, step // 2)
+        # with the old flags each row is two rows of the GEMM: half the rows a chunk, and
+        # its sums (up to twice the rows) still below 2^24
+        copies = 1 if old is None else 2
+        rows = self._chunk(J.shape[1], 8.0 * (n + 1) * (K + 1), copies)
+        step = max(1, min((_EXACT_F32 - 1) // copies, rows))
         for s in range(0, J.shape[0], step):
             Js = J[s : s + step]
             if old is None:
@@ -215,21 +217,18 @@ class DeviceKernelTrainer(DeviceBand):
             self.N.add_(M.T @ signed)
 
     def _rebuild_h(self) -> None:
-        """``H = N ∘ G / m`` everywhere (:meth:`_ntk_at`), by blocks of rows: the
-        temporaries stay a share of the device's memory (with one output, one
-        expression over the whole matrix)."""
+        """``H = N ∘ (G ⊗ 1_{K×K}) / m`` everywhere, the same expression as
+        :meth:`_ntk_at` (so an entry recomputed there equals the matrix built anew): two
+        launches and no temporaries, ``G`` broadcast over the outputs (entry ``(jK + k,
+        lK + k')`` of ``H`` is ``(j, k, l, k')`` of its ``(n, K, n, K)`` view)."""
         torch = self.torch
-        K = self.At.shape[1]
-        nK = self.N.shape[0]
+        n, K = self.n, self.At.shape[1]
+        g = self.Gp[:n, :n]
         if K == 1:
-            torch.mul(self.N, self.Gp[: self.n, : self.n], out=self.H)
-            self.H.div_(float(self.width))
-            return
-        every = torch.arange(nK, device=self.device)
-        block = max(1, int(_CHUNK_SHARE * free_bytes(self.device) // (24.0 * nK)))
-        for s in range(0, nK, block):
-            Ir, Jx = every[s : s + block, None], every[None, :]
-            self.H[s : s + block] = self._ntk_at(Ir, Jx, self.Gp[Ir // K, Jx // K])
+            torch.mul(self.N, g, out=self.H)
+        else:
+            torch.mul(self.N.view(n, K, n, K), g[:, None, :, None], out=self.H.view(n, K, n, K))
+        self.H.div_(float(self.width))
 
     def _ntk_at(self, Ir, Jx, g):
         """``H`` at the flat indices ``(Ir, Jx)`` from ``N`` and ``g``, the entries of ``G``
