@@ -580,3 +580,56 @@ def test_w0_is_uploaded_from_the_model_memory():
     assert on_cpu.data_ptr() == W.ctypes.data  # no copy on the host
     odd = _uploaded(torch, np.asfortranarray(W.astype(np.float32)), torch.device("cpu"))
     assert odd.dtype == torch.float64 and np.array_equal(odd.numpy(), W)
+
+
+def test_device_kernel_clocks_wait_only_while_no_neuron_can_be_due():
+    """The device kernel trainer lets a step's clock increments wait (one output, no visit
+    since its thresholds were set) only while no neuron can be due: at every waiting
+    step, each moving neuron's clock plus the waiting steps' own bounds, computed by
+    brute force from its fire set (``η/√m·min(σ_r·||e_S||, Σ_S |e_l|·||x_l||)``), stays
+    below its limit.  Most late steps wait; a checkpoint's state takes the waiting
+    steps' bound (at least their sum) into the clocks; the trajectory is dense's."""
+    from corrtree.training.device_kernel import DeviceKernelTrainer
+
+    n, d, m, iters = 64, 32, 2**16, 60
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((n, d))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    y = np.tanh(X @ rng.standard_normal(d))
+    y2 = y + 0.3 * np.tanh(X @ rng.standard_normal(d))  # then a new target: visits again
+    model = ct.TwoLayerReLU.init(d=d, m=m, seed=6)
+    tr = DeviceKernelTrainer(model, X, y[:, None], X @ X.T, "auto", device=_resolved())
+    xn = np.linalg.norm(X, axis=1)
+    waited, settled, shadow, visits = 0, False, None, []
+    for t in range(2 * iters):
+        err = tr.outputs() - (y if t < iters else y2)[:, None]
+        J, F = tr.J.cpu().numpy(), tr.F.cpu().numpy()
+        fire = np.zeros((m, n + 1), dtype=bool)
+        fire[np.repeat(np.arange(m), J.shape[1]), J.ravel()] = F.ravel()
+        fire = fire[:, :n].astype(np.float64)
+        e = err[:, 0]
+        bound = fire @ (np.abs(e) * xn)
+        if tr._sigmas:  # (an unknown σ, inf, times a zero error: nan, which fmin drops)
+            with np.errstate(invalid="ignore"):
+                bound = np.fmin(bound, tr.sigma.cpu().numpy() * np.sqrt(fire @ (e * e)))
+        bound *= tr.eta_s
+        lag, clock = tr._lag, tr.clock.cpu().numpy()
+        visits.append(tr.advance(err)["reanchored"] > 0)
+        if tr._lag > lag:  # this step waited: its clocks are those of the last update
+            waited += 1
+            shadow = (clock if lag == 0 else shadow) + bound
+            moving = fire.any(axis=1)
+            assert not ((shadow >= tr.limit.cpu().numpy()) & moving).any(), t
+            if waited == 25:  # a checkpoint's state settles the clocks
+                tr.state()
+                got = tr.clock.cpu().numpy()  # (the sums' orders differ: to rounding)
+                assert tr._lag == 0 and np.all(got >= shadow * (1.0 - 1e-12))
+                settled = True
+    late = visits[iters + 1 :]  # the new target: steps with visits between waiting ones
+    assert waited >= 25 and settled and any(late) and not all(late), (waited, late)
+    dense = ct.TwoLayerReLU(model.W, model.a, model.b)
+    ct.train(dense, X, y, method="dense", iters=iters, lr=tr.lr)
+    ct.train(dense, X, y2, method="dense", iters=iters, lr=tr.lr)
+    W = np.empty_like(dense.W)
+    tr.write_weights(0, W)
+    np.testing.assert_allclose(W, dense.W, rtol=0, atol=1e-9)

@@ -20,6 +20,16 @@ so a step is one mat-vec, plus the work on the neurons whose pairs may cross:
   visit), and its band, ``β/R`` less its distance from its anchor.  Short of that no
   tracked pair crossed and no untracked pair fires.  The mask is recomputed each step
   (O(m·Q) for the clocks), no heap.
+- **Clocks that wait** (one output).  Over ``T`` steps without a visit the fire sets stay
+  as they are, so the clocks may gain the steps' bounds at once:
+  ``η/√m·min(σ_r·sqrt(T·Σ_{l∈S} Σ_t e_l(t)²), Σ_{l∈S} Σ_t |e_l(t)|·||x_l||)``, at
+  least the sum of the steps' own bounds, from two per-point sums (O(n) a step).  A
+  step whose clocks wait costs the mat-vec and those sums: the host decides from ``err``
+  itself, with no transfer, that no neuron can be due, as ``s1 = sqrt(T·Σ_t ||e(t)||²)``
+  and ``s2 = ||Σ_t |e(t)| ||`` stay below thresholds the last step that updated the
+  clocks left (:meth:`DeviceKernelTrainer._thresholds`: each neuron's room before its
+  limit over ``σ_r`` and over ``sqrt(Σ_{l∈S} ||x_l||²)``, so that its bound, by
+  Cauchy–Schwarz over all the points, cannot reach it).
 - **A visit re-anchors** (the due neurons in one batch of
   :func:`~.device_band.capacity` rows, fixed shapes): each row rebuilt from ``W(0)`` and
   its coefficients and multiplied with every point (two GEMMs), its tracked pairs the
@@ -69,6 +79,13 @@ __all__ = ["DeviceKernelTrainer"]
 
 #: float32 GEMM of 0/±1 matrices: every partial sum an integer below this, so exact
 _EXACT_F32 = 2**24
+#: Steps whose clock increments may wait (:meth:`DeviceKernelTrainer._defers`) at most,
+#: in a row: their sums' rounding is covered for this many.
+_LAG_MAX = 4096
+#: The ratios ``s2/s1`` at which a materialized step sets the deferral thresholds
+#: (:meth:`DeviceKernelTrainer._thresholds`): ``2^(-i/2)``, ``s2/s1`` lies in
+#: ``[1/sqrt(T), 1]`` after ``T`` deferred steps.
+_LAG_RATIOS = 2.0 ** (-np.arange(24) / 2.0)
 
 
 class DeviceKernelTrainer(DeviceBand):
@@ -136,6 +153,20 @@ class DeviceKernelTrainer(DeviceBand):
         self.bandkey.copy_(bandkey)
         self.limit.copy_(self._limits(key, bandkey))
         self._counts()
+        self._no_lag()
+
+    def _no_lag(self) -> None:
+        """No step waits for its clock increments (:meth:`_defers`), and none may until a
+        step that visited nothing has updated the clocks and set thresholds."""
+        torch = self.torch
+        self._lag = 0  # steps whose increments wait
+        self._lag_host = (0.0, np.zeros(self.n))  # Σ_t ||e(t)||², Σ_t |e(t)|
+        zeros = torch.zeros((self.n + 1, 1), dtype=self._f64, device=self.device)
+        self._lag_dev = (zeros, zeros.clone())  # Σ_t |e(t)|, Σ_t e(t)² by point
+        self._lag_inverse = torch.as_tensor(1.0 / _LAG_RATIOS, dtype=self._f64, device=self.device)
+        self._skip: np.ndarray | None = None  # the thresholds of _LAG_RATIOS
+        self._quiet = False  # whether the last step visited nothing
+        self._stats: np.ndarray | None = None  # its History row's counts, if it did
 
     def _pack(self) -> None:
         """The rows' state into its two packs, each name a view of its pack."""
@@ -346,19 +377,91 @@ class DeviceKernelTrainer(DeviceBand):
         return self.torch.minimum(key.amin(dim=1), bandkey)
 
     def _steps(self, E):
-        """A bound on each neuron's step for the error ``E`` (padded), float64 rounding
-        included: ``η/√m·min(σ_r·||e||, Σ |e_l|·||x_l||)``, over the compact fire sets
-        (``m·Pf`` gathers, ``Pf`` the most firing points of a neuron)."""
+        """A bound on each neuron's step for the error ``E`` (padded; ``None``: no step,
+        the waiting steps alone), float64 rounding included: ``η/√m·min(σ_r·||e||, Σ
+        |e_l|·||x_l||)``, over the compact fire sets (``m·Pf`` gathers, ``Pf`` the most
+        firing points of a neuron); with ``T`` steps in all (those that waited,
+        :meth:`_defers`, and this one) ``η/√m·min(σ_r·sqrt(T·Σ_l Σ_t e_l(t)²), Σ_l Σ_t
+        |e_l(t)|·||x_l||)``, at least the sum of their own bounds (``2·m·Pf`` gathers).
+        The waiting steps are then done."""
         torch = self.torch
-        if self.At.shape[1] == 1:
-            e = E[self.Jf, 0]  # |<a_r, err_l>| = |err_l|
+        lag, T = self._lag_dev, self._lag + (E is not None)
+        if self._lag:
+            a, q = lag if E is None else (lag[0] + E.abs(), torch.addcmul(lag[1], E, E))
+            both = torch.cat((a, q), dim=1)[self.Jf]  # (m, Pf, 2)
+            bound = (both[:, :, 0] * self.XNf).sum(dim=1)
+            sq = both[:, :, 1].sum(dim=1).mul_(T)
+            self._lag, self._lag_host = 0, (0.0, np.zeros(self.n))  # the sums start again
         else:
-            e = (E[self.Jf] * self.At[:, None, :]).sum(dim=2)
-        bound = (e.abs() * self.XNf).sum(dim=1)
+            if self.At.shape[1] == 1:
+                e = E[self.Jf, 0]  # |<a_r, err_l>| = |err_l|
+            else:
+                e = (E[self.Jf] * self.At[:, None, :]).sum(dim=2)
+            bound = (e.abs() * self.XNf).sum(dim=1)
+            sq = None
         if self._sigmas:  # some σ is known: the lesser bound where it is (an unknown σ,
             # inf, gives inf, or nan with a zero error: fmin keeps the other bound)
-            bound = torch.fmin(bound, self.sigma * torch.linalg.vector_norm(e, dim=1))
-        return bound * (self.eta_s * (1.0 + 4.0 * (self.Jf.shape[1] + 4) * _EPS))
+            norm = torch.linalg.vector_norm(e, dim=1) if sq is None else torch.sqrt(sq)
+            bound = torch.fmin(bound, self.sigma * norm)
+        return bound * (self.eta_s * (1.0 + 4.0 * (self.Jf.shape[1] + T + 4) * _EPS))
+
+    def _defers(self, err: np.ndarray, E) -> bool:
+        """Whether this step's clock increments may wait: one output, thresholds set
+        (:meth:`_thresholds`) and no neuron's bound over the waiting steps and this one
+        able to reach its limit, as the host finds from ``err`` (its ``s1``, ``s2``, see
+        the module docs; the grid ratio at or above ``s2/s1``, where the threshold is
+        lower).  If so the per-point sums take ``E`` (this step's error, padded, on the
+        device).  O(n)."""
+        if self._skip is None or self._lag >= _LAG_MAX:
+            return False
+        torch = self.torch
+        e = err[:, 0]
+        T = self._lag + 1
+        sq = self._lag_host[0] + float(e @ e)
+        absum = self._lag_host[1] + np.abs(e)
+        s1 = float(np.sqrt(T * sq))
+        s2 = float(np.linalg.norm(absum))
+        # the thresholds are in units of the bound's factor and R (and the rounding of
+        # the sums, the room and these scalars: 1e-9 relative covers them)
+        scale = self.eta_s * (1.0 + 4.0 * (self.Jf.shape[1] + _LAG_MAX + 4) * _EPS)
+        s1 *= scale * (1.0 + 1e-9)
+        s2 *= scale * self.R * (1.0 + 1e-9)
+        if self._skip.shape[0] == 1:  # σ not used: min_r q_r, against s2 alone
+            if not s2 < self._skip[0]:
+                return False
+        else:
+            i = len(_LAG_RATIOS) - 1
+            if s1 > 0 and s2 > 0:  # the grid ratio at or above s2/s1
+                i = min(i, int(np.floor(-2.0 * np.log2(s2 / s1))))
+            if not s1 < self._skip[max(i, 0)]:
+                return False
+        a, q = self._lag_dev
+        if self._lag:
+            a.add_(E.abs())
+            q.addcmul_(E, E)
+        else:  # the sums start here
+            torch.abs(E, out=a)
+            torch.mul(E, E, out=q)
+        self._lag = T
+        self._lag_host = (sq, absum)
+        return True
+
+    def _thresholds(self):
+        """For each ratio ``ρ`` of :data:`_LAG_RATIOS`, the least ``s1`` (module docs) at
+        which some neuron's bound over waiting steps may reach its limit when ``s2 =
+        ρ·s1``, in units of ``η/√m`` and the rounding (:meth:`_defers` applies them):
+        ``min_r max(p_r, q_r/ρ)``, ``p_r`` the room before its limit over ``σ_r`` (0 where
+        σ is not used), ``q_r`` over ``R·sqrt(|S_r|) >= sqrt(Σ_{l∈S} ||x_l||²)`` (a neuron
+        that fires nowhere never moves: inf).  The room's rounding is a relative ``ε``.
+        O(m·len(_LAG_RATIOS))."""
+        torch = self.torch
+        room = self.limit - self.clock
+        q = room / torch.sqrt(self.nfire)  # 0 points: inf (a room <= 0 there: no wait)
+        if not self._sigmas:  # p = 0: max(p, q/ρ) = q/ρ, the host divides by ρ
+            return q.amin()[None]
+        return torch.maximum(
+            room[:, None] / self.sigma[:, None], q[:, None] * self._lag_inverse
+        ).amin(dim=0)
 
     def _new_lists(self) -> None:
         """Every row's compact fire set (:meth:`_fire_lists`), the lists as wide as the
@@ -512,25 +615,49 @@ class DeviceKernelTrainer(DeviceBand):
         self._refuse_linear(step)
         n, K = self.n, self.At.shape[1]
         f64 = self._f64
-        # the History row describes W(t), before the step
-        stats = (self.nfire > 0).sum(dtype=f64), self.nfire.sum(), (self.J < n).sum(dtype=f64)
+        # the History row describes W(t), before the step: as the last one's if that
+        # step visited nothing (only visits change fire sets and places)
+        known = self._quiet and self._stats is not None
+        parts = []
+        if not known:
+            nfire = self.nfire
+            parts.append((nfire > 0).sum(dtype=f64)[None])
+            parts.append(nfire.sum()[None])
+            parts.append((self.J < n).sum(dtype=f64)[None])
         with self.timer("backward"):
             E = torch.zeros((n + 1, K), dtype=f64, device=self.device)
             self._upload(err, E[:n])
             # u(t+1) = u(t) - η·H·err(t), in place (u is contiguous: the view fails if not)
             self.u_dev.view(-1).addmv_(self.H, E[:n].reshape(-1), alpha=-self.lr)
-            moves = self._steps(E)
-            self.clock += moves
             self.Ep += E
+            waits = K == 1 and self._defers(err, E)  # no neuron can be due: no clocks
+            if not waits:
+                moves = self._steps(E)
+                self.clock += moves
         with self.timer("query"):
-            # a neuron that did not move keeps its pairs' sides
-            due = (self.clock >= self.limit) & (moves > 0)
             # one transfer carries what the host decides on (the History row, the number
-            # due) and u(t+1) as it is if nothing is due (counts are exact in float64)
-            head = torch.stack((*stats, due.sum(dtype=f64)))
-            head = torch.cat((head, self.u_dev.reshape(-1))).cpu().numpy()
-            ndue = int(head[3])
-            self.u = np.array(head[4:].reshape(n, K))  # unless a visit flips a pair
+            # due, the thresholds of the steps that may wait) and u(t+1) as it is if
+            # nothing is due (counts are exact in float64)
+            # thresholds after a step that visited nothing (visits move clocks and limits)
+            want = not waits and K == 1 and self._quiet
+            if not waits:  # a neuron that did not move keeps its pairs' sides
+                due = (self.clock >= self.limit) & (moves > 0)
+                parts.append(due.sum(dtype=f64)[None])
+                if want:
+                    parts.append(self._thresholds())
+            head = torch.cat((*parts, self.u_dev.reshape(-1))).cpu().numpy()
+            at = 0
+            if not known:
+                self._stats, at = head[:3].astype(np.int64), 3
+            ndue = 0 if waits else int(head[at])
+            at += 0 if waits else 1
+            if not waits:  # thresholds hold while no visit moves a clock or a limit
+                size = parts[-1].shape[0] if want else 0
+                self._skip = np.array(head[at : at + size]) if want and not ndue else None
+                at += size
+            stats = self._stats
+            self._quiet = ndue == 0
+            self.u = np.array(head[at:].reshape(n, K))  # unless a visit flips a pair
             totals = np.zeros(3)  # re-anchored, values, flips
             while ndue:
                 todo, got = self._visit_due(due, ndue)
@@ -544,10 +671,10 @@ class DeviceKernelTrainer(DeviceBand):
         with self.timer("forward"):
             flips_row, self._flips_next = self._flips_next, int(totals[2])
         return self._row(
-            int(head[1]),
-            int(head[0]),
+            int(stats[1]),
+            int(stats[0]),
             flips_row,
-            band_pairs=int(head[2]),
+            band_pairs=int(stats[2]),
             reanchored=int(totals[0]),
             evaluated_pairs=int(totals[1]),
         )
@@ -587,6 +714,10 @@ class DeviceKernelTrainer(DeviceBand):
         return todo, np.append(total, left)
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        if self._lag:  # the clocks take the waiting steps' bound, as a resumed run's start
+            self.clock += self._steps(None)
+        # a resumed run starts here with no thresholds and the counts read: so does this one
+        self._skip, self._quiet = None, False
         names = ("J", "uref", "cref", "kappa", "F", "beta", "sigma", "key", "bandkey", "clock")
         arrays = {k: getattr(self, k).cpu().numpy() for k in names}
         arrays["E"] = self.Ep[: self.n].cpu().numpy()
@@ -614,3 +745,4 @@ class DeviceKernelTrainer(DeviceBand):
         self.V = None
         self._counts()
         self._new_lists()
+        self._no_lag()
