@@ -656,6 +656,7 @@ class DeviceKernelTrainer(DeviceBand):
                 self._skip = np.array(head[at : at + size]) if want and not ndue else None
                 at += size
             stats = self._stats
+            assert stats is not None  # read now or by the step before
             self._quiet = ndue == 0
             self.u = np.array(head[at:].reshape(n, K))  # unless a visit flips a pair
             totals = np.zeros(3)  # re-anchored, values, flips
