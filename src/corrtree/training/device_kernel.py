@@ -433,7 +433,9 @@ class DeviceKernelTrainer(DeviceBand):
             i = len(_LAG_RATIOS) - 1
             if s1 > 0 and s2 > 0:  # the grid ratio at or above s2/s1
                 i = min(i, int(np.floor(-2.0 * np.log2(s2 / s1))))
-            if not s1 < self._skip[max(i, 0)]:
+            # above the grid (s2 > s1: only where the points' norms exceed 1) no ratio of
+            # it is at or above s2/s1: no wait
+            if i < 0 or not s1 < self._skip[i]:
                 return False
         a, q = self._lag_dev
         if self._lag:
