@@ -639,8 +639,8 @@ class DeviceKernelTrainer(DeviceBand):
         with self.timer("query"):
             # one transfer carries what the host decides on (the History row, the number
             # due, the thresholds of the steps that may wait) and u(t+1) as it is if
-            # nothing is due (counts are exact in float64)
-            # thresholds after a step that visited nothing (visits move clocks and limits)
+            # nothing is due (counts are exact in float64); thresholds only after a step
+            # that visited nothing (visits move clocks and limits)
             want = not waits and K == 1 and self._quiet
             if not waits:  # a neuron that did not move keeps its pairs' sides
                 due = (self.clock >= self.limit) & (moves > 0)
