@@ -309,6 +309,37 @@ def test_pool_zeros_in_small_page_memory(monkeypatch):
     assert zeros(0, np.float64).shape == (0,)
 
 
+def test_band_buffers_in_small_page_memory_zeroed_and_reused(monkeypatch):
+    """The band trainers' scratch buffers (GEMM blocks, flip records) live in small pages
+    where the platform can say so: a transparent huge page's first touch may wait for
+    the kernel to compact memory."""
+    from corrtree.training._anchors import BandState
+
+    monkeypatch.setattr(ct._config, "POOL_SMALL_PAGES_BYTES", 64)
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((40, 5))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    W0, a = rng.standard_normal((30, 5)), np.ones((30, 1))
+    st = BandState(W0, X, X @ X.T, a, 0.3, 0.4, gemm_dtype="float32")
+    assert {"leaves", "weights32"} <= set(st._buffers)  # the set-up GEMM's blocks
+    linux = sys.platform.startswith("linux")
+    for name, have in st._buffers.items():
+        assert _in_mmap(have) == (linux and have.nbytes >= 64), name
+    buf = st.buffer("scratch", (20, 10))
+    assert buf.shape == (20, 10) and buf.dtype == np.float64 and not buf.any()
+    assert _in_mmap(st._buffers["scratch"]) == linux
+    buf[:] = 1.0
+    # reused while large enough (contents kept: the caller overwrites what it reads)
+    again = st.buffer("scratch", (5, 10))
+    assert np.shares_memory(again, buf) and again.shape == (5, 10)
+    # a larger request is a fresh zeroed buffer with a quarter to spare
+    grown = st.buffer("scratch", (40, 10))
+    assert not np.shares_memory(grown, buf) and not grown.any()
+    assert st._buffers["scratch"].shape == (500,) and _in_mmap(st._buffers["scratch"]) == linux
+    small = st.buffer("flags", (3,), np.bool_)  # 3 bytes: numpy's own memory
+    assert small.dtype == np.bool_ and not small.any() and not _in_mmap(st._buffers["flags"])
+
+
 def test_pool_growth_in_small_page_memory_keeps_the_entries(monkeypatch):
     monkeypatch.setattr(ct._config, "POOL_SMALL_PAGES_BYTES", 1)
     pool = Pool(16)

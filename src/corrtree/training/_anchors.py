@@ -28,7 +28,7 @@ from .. import _config
 from .._implicit import StoredWeights
 from .._jit import njit
 from ._pairs import materialize
-from ._pool import BETA, CNT, LEAF_ERR, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP, Pool
+from ._pool import BETA, CNT, LEAF_ERR, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP, Pool, zeros
 from ._sparse import firing_csr
 
 __all__ = [
@@ -344,12 +344,17 @@ class BandState:
         once and reused while it is large enough (when it must grow, it grows
         by 1/4 beyond the request).  The set-up's GEMM blocks are buffers of
         the names re-anchoring uses, so its rows land in memory already touched.
+        A buffer lives in small pages (:func:`~._pool.zeros`): numpy asks for
+        transparent huge pages for large arrays, and where Linux compacts memory to
+        fault one in (its default ``defrag``) the first touch of a 128 MB GEMM block
+        took 0.2–1.2 s against 0.02 s in small pages (``docs/design.md``,
+        "Measurements behind the choices").
         """
         size = math.prod(shape)
         have = self._buffers.get(name)
         if have is None or have.shape[0] < size or have.dtype != np.dtype(dtype):
             spare = 0 if have is None else size // 4
-            have = self._buffers[name] = np.empty(size + spare, dtype=dtype)
+            have = self._buffers[name] = zeros(size + spare, dtype)
             have.fill(0)
         return have[:size].reshape(shape)
 
