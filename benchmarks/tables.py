@@ -960,7 +960,7 @@ def gpu_count(res: dict) -> str:
 
 
 def gpu_widths(res: dict) -> str:
-    """The device kernel trainer's modelled whole runs by width, beside PyTorch dense
+    """The device trainers' modelled whole runs by width, beside PyTorch dense
     modelled at the same width, and the width at which it passes PyTorch."""
     out = []
     for name, case in res["results"].items():
@@ -988,8 +988,7 @@ def gpu_widths(res: dict) -> str:
             _table(["m", "method", "modelled", "PyTorch dense", "vs PyTorch", "worst step"], rows),
             "",
         ]
-    counted = " or ".join(str(c["steps_counted"]) for c in res["results"].values())
-    out.append(f"\\* the steps past the {counted} counted at the median of the last five.")
+    out.append(f"\\* the steps past the {_counted(res)} counted at the median of the last five.")
     return "\n".join(out)
 
 
@@ -1059,9 +1058,9 @@ SUITES = {
     ),
     "gpu_widths": (
         "bench_gpu.py --count-widths",
-        "The device kernel trainer against width, modelled for an H200",
-        "The device kernel trainer counted on the CPU as above at each width on W1's and "
-        "W2's data, priced for an H200 (modelled, not measured), beside PyTorch dense float64 "
+        "The device trainers against width, modelled for an H200",
+        "The device trainers counted on the CPU as above at each width up to the workload's "
+        "own, priced for an H200 (modelled, not measured), beside PyTorch dense float64 "
         "modelled at the same width from its counted step; worst step: the worst after the "
         "first three (launches / host synchronizations).",
     ),

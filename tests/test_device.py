@@ -582,19 +582,23 @@ def test_w0_is_uploaded_from_the_model_memory():
     assert odd.dtype == torch.float64 and np.array_equal(odd.numpy(), W)
 
 
-def test_device_kernel_clocks_wait_only_while_no_neuron_can_be_due():
+@pytest.mark.parametrize("longest", [1.0, 1.001])
+def test_device_kernel_clocks_wait_only_while_no_neuron_can_be_due(longest):
     """The device kernel trainer lets a step's clock increments wait (one output, no visit
     since its thresholds were set) only while no neuron can be due: at every waiting
     step, each moving neuron's clock plus the waiting steps' own bounds, computed by
     brute force from its fire set (``η/√m·min(σ_r·||e_S||, Σ_S |e_l|·||x_l||)``), stays
     below its limit.  Most late steps wait; a checkpoint's state takes the waiting
-    steps' bound (at least their sum) into the clocks; the trajectory is dense's."""
+    steps' bound (at least their sum) into the clocks; the trajectory is dense's.  Unit
+    vectors (the largest norm 1 + 2⁻⁵² after rounding) and points of norms up to 1.001
+    (the sums' ratio above every threshold's: the ratio 1 taken over the larger sum)."""
     from corrtree.training.device_kernel import DeviceKernelTrainer
 
     n, d, m, iters = 64, 32, 2**16, 60
     rng = np.random.default_rng(0)
     X = rng.standard_normal((n, d))
     X /= np.linalg.norm(X, axis=1, keepdims=True)
+    X *= rng.uniform(1.0, longest, size=(n, 1))
     y = np.tanh(X @ rng.standard_normal(d))
     y2 = y + 0.3 * np.tanh(X @ rng.standard_normal(d))  # then a new target: visits again
     model = ct.TwoLayerReLU.init(d=d, m=m, seed=6)
@@ -633,3 +637,32 @@ def test_device_kernel_clocks_wait_only_while_no_neuron_can_be_due():
     W = np.empty_like(dense.W)
     tr.write_weights(0, W)
     np.testing.assert_allclose(W, dense.W, rtol=0, atol=1e-9)
+
+
+def test_device_kernel_clocks_wait_where_the_points_norms_exceed_one():
+    """Above the thresholds' grid (``s2/s1 > 1``, points of norm above 1, if only by
+    rounding): a step waits when ``s2`` lies below the ratio-1 threshold, which bounds
+    every neuron (``max(p, q/ρ) >= max(p, q)/ρ``), and not when it does not."""
+    import torch
+
+    from corrtree.training.device_kernel import DeviceKernelTrainer
+
+    n, d, m = 64, 32, 2**14
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((n, d))
+    X *= rng.uniform(1.0, 1.001, size=(n, 1)) / np.linalg.norm(X, axis=1, keepdims=True)
+    y = np.tanh(X @ rng.standard_normal(d))
+    model = ct.TwoLayerReLU.init(d=d, m=m, seed=6)
+    tr = DeviceKernelTrainer(model, X, y[:, None], X @ X.T, "auto", device=_resolved())
+    for _ in range(200):  # until a step without a visit sets the thresholds
+        if tr._skip is not None and tr._lag == 0:
+            break
+        tr.advance(tr.outputs() - y[:, None])
+    assert tr._skip is not None and tr._skip.shape[0] > 1 and tr.R > 1.0
+    E = torch.zeros((n + 1, 1), dtype=torch.float64, device=tr.device)
+    limit = float(tr._skip[0]) / (tr.eta_s * tr.R * np.sqrt(n))  # s2 at e = c·1: c·R·√n
+    for c, waits in ((0.5 * limit, True), (2.0 * limit, False)):
+        err = np.full((n, 1), c)  # s2/s1 = R > 1 at the first waiting step
+        before = (tr._lag, tr._lag_host)
+        assert tr._defers(err, E) is waits, (c, limit)
+        tr._lag, tr._lag_host = before

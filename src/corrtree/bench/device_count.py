@@ -913,18 +913,23 @@ def run_count(
     return {**payload, "results": results}
 
 
-#: ``bench_gpu.py --count-widths``: the device kernel trainer's modelled whole runs as the
-#: width grows, on W1's and W2's data: the widths, the steps counted at each (the rest
-#: extrapolated as :func:`run_count` does).  ``small`` is the tests' (seconds).
+#: ``bench_gpu.py --count-widths``: the device trainers' modelled whole runs as the width
+#: grows, up to each workload's own width: per case the widths, the steps counted at each
+#: (the rest extrapolated as :func:`run_count` does) and the methods.  ``small`` is the
+#: tests' (seconds).
 COUNT_WIDTHS: dict[str, dict[str, Any]] = {
-    "small": {"scale_n": 1 / 8, "cases": {"W1": ((2**10, 2**11), 6)}, "methods": ("kernel",)},
+    "small": {"scale_n": 1 / 8, "cases": {"W1": ((2**10, 2**11), 6, ("kernel",))}},
     "large": {
         "scale_n": 1.0,
         "cases": {
-            "W1": ((2**13, 2**14, 2**15, 2**16, 2**17), 30),
-            "W2": ((2**12, 2**13, 2**14, 2**15), 8),
+            "W1": ((2**13, 2**14, 2**15, 2**16, 2**17), 30, ("kernel",)),
+            "W2": ((2**12, 2**13, 2**14, 2**15, 2**16), 8, ("kernel",)),
+            # the kernel trainer's H has (nK)^2 = 3.2e8 entries at W3's ten outputs: its
+            # modelled run is 36x the lazy one's at 2^12 (8.7 s), and counting it takes
+            # minutes a step on the CPU
+            "W3": ((2**12, 2**13, 2**14, 2**15, 2**16, 2**17), 8, ("lazy",)),
+            "W5": ((2**13, 2**14, 2**15, 2**16), 30, ("kernel", "lazy")),
         },
-        "methods": ("kernel",),
     },
 }
 
@@ -943,7 +948,7 @@ def run_widths(size: str = "large", out_dir: str = "benchmarks/results") -> dict
     payload: dict[str, Any] = {"size": size, "rates": H200, "step_targets": STEP_TARGETS}
     results: dict[str, Any] = {}
     rows = []
-    for name, (widths, counted) in cfg["cases"].items():
+    for name, (widths, counted, methods) in cfg["cases"].items():
         w = WORKLOADS[name]
         X, Y = load(w["data"], w["args"], cfg["scale_n"])
         y = Y if Y.shape[1] > 1 else Y[:, 0]
@@ -953,14 +958,14 @@ def run_widths(size: str = "large", out_dir: str = "benchmarks/results") -> dict
             "steps_counted": counted, "widths": [], "passes_torch_dense_at": {},
         }  # fmt: skip
         results[name] = case
-        for method in cfg["methods"]:
+        for method in methods:
             tiny = TwoLayerReLU.init(d=X.shape[1], m=256, outputs=Y.shape[1], seed=7)
             train(tiny, X[:64], y[:64], method=method, iters=3, device="cpu")  # compile
         for m in widths:
             torch_s = modelled_seconds(count_dense_step(X.shape[0], X.shape[1], Y.shape[1], m))
             torch_s *= iters
             point: dict[str, Any] = {"m": m, "torch_dense_s": torch_s, "runs": {}}
-            for method in cfg["methods"]:
+            for method in methods:
                 model = TwoLayerReLU.init(d=X.shape[1], m=m, outputs=Y.shape[1], seed=7)
                 got = count_train(train, model, X, y, method=method, iters=counted)
                 whole, extrapolated = _whole(got["steps"], iters)

@@ -84,7 +84,8 @@ _EXACT_F32 = 2**24
 _LAG_MAX = 4096
 #: The ratios ``s2/s1`` at which a materialized step sets the deferral thresholds
 #: (:meth:`DeviceKernelTrainer._thresholds`): ``2^(-i/2)``, ``s2/s1`` lies in
-#: ``[1/sqrt(T), 1]`` after ``T`` deferred steps.
+#: ``[1/sqrt(T), 1]`` after ``T`` deferred steps, times the points' largest norm ``R``
+#: (above 1, :meth:`~DeviceKernelTrainer._defers` takes the ratio 1 over ``s2``).
 _LAG_RATIOS = 2.0 ** (-np.arange(24) / 2.0)
 
 
@@ -433,9 +434,13 @@ class DeviceKernelTrainer(DeviceBand):
             i = len(_LAG_RATIOS) - 1
             if s1 > 0 and s2 > 0:  # the grid ratio at or above s2/s1
                 i = min(i, int(np.floor(-2.0 * np.log2(s2 / s1))))
-            # above the grid (s2 > s1: only where the points' norms exceed 1) no ratio of
-            # it is at or above s2/s1: no wait
-            if i < 0 or not s1 < self._skip[i]:
+            if i >= 0:
+                if not s1 < self._skip[i]:
+                    return False
+            # above the grid (s2 > s1, where some point's norm exceeds 1, if only by its
+            # rounding, as unit vectors' often do): for ρ = s2/s1 > 1, max(p, q/ρ) >=
+            # max(p, q)/ρ, so s2 = ρ·s1 below the threshold of ρ = 1 bounds every neuron
+            elif not s2 < self._skip[0]:
                 return False
         a, q = self._lag_dev
         if self._lag:
