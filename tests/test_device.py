@@ -224,6 +224,60 @@ def test_device_band_trainers_follow_the_dense_trajectory(K, method):
     assert hl.moved_neurons == hd.moved_neurons
 
 
+@pytest.mark.parametrize("method", ["lazy", "kernel"])
+@pytest.mark.parametrize("by_gemm", [False, True])
+def test_device_band_trainers_own_errors_either_way(monkeypatch, method, by_gemm):
+    """Each row's share of the errors at its tracked places, ``<a_r, E_j>`` with three
+    outputs, by three gathers a place or by the GEMM ``A·Eᵀ`` and one gather: the dense
+    trajectory both ways, and the way taken is the one asked for."""
+    from corrtree.training import device_band
+
+    taken = []
+
+    def forced(rates, n, Q, K):
+        taken.append(K)
+        return by_gemm
+
+    monkeypatch.setattr(device_band, "own_by_gemm", forced)
+    X, y = _data(n=48, d=8, K=3, seed=5)
+    dense = ct.TwoLayerReLU.init(d=8, m=1024, outputs=3, seed=6)
+    band = ct.TwoLayerReLU(dense.W, dense.a, dense.b)
+    hd = ct.train(dense, X, y, method="dense", iters=15)
+    hb = ct.train(band, X, y, method=method, iters=15, device=DEVICE)
+    assert taken and set(taken) == {3}
+    np.testing.assert_allclose(hb.loss, hd.loss, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(band.W, dense.W, rtol=0, atol=1e-9)
+    assert hb.fired_pairs == hd.fired_pairs and hb.flips == hd.flips
+
+
+def test_own_at_against_a_loop_and_its_choice():
+    """:func:`own_at` both ways against a loop over the places (pads included), and
+    :func:`own_by_gemm`: the GEMM at the H200's rates where a row's ``Q·K`` gathers
+    outnumber the products, never with one output or where ``n + 1 > Q·K``."""
+    import torch
+
+    from corrtree import _config
+    from corrtree.training.device_band import own_at, own_by_gemm
+
+    rng = np.random.default_rng(4)
+    n, Q, k = 30, 12, 7
+    for K in (1, 4):
+        E = rng.standard_normal((n + 1, K))
+        E[n] = 0.0  # the pad point
+        A = rng.standard_normal((k, K))
+        J = rng.integers(0, n + 1, size=(k, Q))
+        want = np.array([[A[r] @ E[J[r, q]] for q in range(Q)] for r in range(k)])
+        for by_gemm in (False, True):
+            got = own_at(torch.as_tensor(E), torch.as_tensor(J), torch.as_tensor(A), by_gemm)
+            np.testing.assert_allclose(got.numpy(), want, rtol=1e-13, atol=1e-15)
+    h200 = _config.DEVICE_RATES["cuda"]
+    assert own_by_gemm(h200, 1797, 400, 10)  # W3's digits: 4000 gathers a row against 1798
+    assert not own_by_gemm(h200, 1797, 400, 1)
+    assert not own_by_gemm(h200, 1797, 100, 10)  # the products would take more memory
+    slow_flops = {**h200, "flops64": 1e3}
+    assert not own_by_gemm(slow_flops, 1797, 400, 10)
+
+
 #: device rates under which one way of changing N always wins
 _BY_SCATTERS = {
     "flops64": 1.0,

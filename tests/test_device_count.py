@@ -178,6 +178,31 @@ def test_device_kernel_step_with_nothing_due_is_one_transfer():
     assert np.linalg.norm(model.W - plain.W) <= 1e-9 * np.linalg.norm(plain.W)
 
 
+@pytest.mark.parametrize("kw", [{}, {"batch_size": 16}])
+def test_device_dense_step_is_one_transfer(kw):
+    """The device dense trainer's step, as PyTorch's own loop: one host synchronization
+    (the outputs with the History row's counts), the errors uploaded queued (and a
+    batch's points, once), and one block's mask and outputs written where they are made
+    (21 launches; PyTorch's loop: 14); a mini-batch step that also evaluates the whole
+    set reads twice.  The dense trajectory and its History."""
+    ds = ct.datasets.sphere(n=64, d=16, seed=2)
+    X, y = ds.X_train, ds.y_train
+    model = ct.TwoLayerReLU.init(d=16, m=1024, seed=2)
+    got = dc.count_train(ct.train, model, X, y, method="dense", iters=6, **kw)
+    for c in got["steps"][1:]:
+        assert c.uploads == 0 and c.queued_uploads == (2 if kw else 1), c.as_dict()
+        if kw:
+            assert c.syncs <= 2 and c.launches <= 34, c.as_dict()
+        else:
+            assert c.syncs <= 1 and c.launches <= 21, c.as_dict()
+    plain = ct.TwoLayerReLU.init(d=16, m=1024, seed=2)
+    hp = ct.train(plain, X, y, method="dense", iters=6, **kw)
+    np.testing.assert_allclose(model.W, plain.W, rtol=0, atol=1e-9)
+    hd = got["history"]
+    assert hd.fired_pairs == hp.fired_pairs and hd.moved_neurons == hp.moved_neurons
+    assert hd.flips == hp.flips
+
+
 def _counted(shape: str, method: str, m: int, iters: int = 8, points: int | None = None):
     from corrtree.bench.workloads import WORKLOADS, load
 
@@ -253,7 +278,7 @@ def test_device_kernel_steps_are_fixed_shapes_whatever_the_width(shape):
     assert max(worst) <= 150 and worst[1] <= worst[0], worst
 
 
-def test_width_sweep_counts_and_tabulates(tmp_path):
+def test_width_sweep_counts_and_tabulates(tmp_path, monkeypatch):
     """``bench_gpu.py --count-widths --size small``: each width counted and modelled beside
     PyTorch dense at that width, saved, and tabulated for benchmarks/README.md."""
     import importlib.util
@@ -274,6 +299,13 @@ def test_width_sweep_counts_and_tabulates(tmp_path):
     with open(tmp_path / "gpu_widths_small.json", encoding="utf-8") as fh:
         text = tables.gpu_widths(json.load(fh))
     assert "| 2^11 | kernel |" in text and "passes PyTorch dense" in text
+    # a case counted alone joins the cases stored, which stay as they were
+    cases = {**dc.COUNT_WIDTHS["small"]["cases"], "W5": ((2**10,), 4, ("lazy",))}
+    monkeypatch.setitem(dc.COUNT_WIDTHS, "small", {**dc.COUNT_WIDTHS["small"], "cases": cases})
+    again = dc.run_widths("small", str(tmp_path), only="W5")
+    assert set(again["results"]) == {"W1", "W5"}
+    assert again["results"]["W1"] == json.loads(json.dumps(res["results"]["W1"]))
+    assert [p["m"] for p in again["results"]["W5"]["widths"]] == [2**10]
 
 
 @pytest.mark.parametrize("rates", ["scatters", "gemms"])

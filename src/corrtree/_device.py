@@ -11,7 +11,14 @@ from typing import Any
 
 from . import _validation
 
-__all__ = ["check_device_memory", "devices_found", "free_bytes", "resolve", "synchronize"]
+__all__ = [
+    "Staging",
+    "check_device_memory",
+    "devices_found",
+    "free_bytes",
+    "resolve",
+    "synchronize",
+]
 
 
 def _torch():
@@ -84,3 +91,37 @@ def check_device_memory(nbytes: float, dev, what: str, hint: str = "") -> None:
     """``MemoryError`` in one line when ``nbytes`` do not fit in ``dev``'s free memory
     (ending with ``hint``, what would fit instead, if given)."""
     _validation.check_memory(nbytes, what, hint, available=free_bytes(dev), where=f" on {dev}")
+
+
+class Staging:
+    """Uploads of host arrays through buffers made once per shape (pinned on a GPU), so
+    that each copy is queued without waiting for the device.
+
+    The caller must read something back from the device (a synchronizing download)
+    before it uploads through the same shape again: the host writes a buffer only
+    after the copy out of it has run.  Each trainer step ends in such a download.
+    """
+
+    def __init__(self, torch: Any, device: Any) -> None:
+        self.torch, self.device = torch, device
+        self._buffers: dict[tuple[tuple[int, ...], str], Any] = {}
+
+    def upload(self, host: Any, out: Any = None, dtype: Any = None) -> Any:
+        """``host`` on the device as ``dtype`` (numpy's; float64 by default): into
+        ``out`` when given, else a new tensor; returns it."""
+        import numpy as np
+
+        torch = self.torch
+        host = np.ascontiguousarray(host, dtype=np.float64 if dtype is None else dtype)
+        key = (host.shape, host.dtype.str)
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = torch.from_numpy(np.empty(host.shape, dtype=host.dtype))
+            if self.device.type == "cuda":
+                buf = buf.pin_memory()
+            self._buffers[key] = buf
+        buf.copy_(torch.from_numpy(host))
+        if out is None:
+            out = torch.empty(buf.shape, dtype=buf.dtype, device=self.device)
+        out.copy_(buf, non_blocking=True)
+        return out

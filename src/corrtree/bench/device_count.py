@@ -934,11 +934,14 @@ COUNT_WIDTHS: dict[str, dict[str, Any]] = {
 }
 
 
-def run_widths(size: str = "large", out_dir: str = "benchmarks/results") -> dict[str, Any]:
+def run_widths(
+    size: str = "large", out_dir: str = "benchmarks/results", only: str | None = None
+) -> dict[str, Any]:
     """``bench_gpu.py --count-widths``: each case's device methods counted at each width
     (:data:`COUNT_WIDTHS`) and priced for an H200, beside PyTorch dense modelled at the
     same width, with the first width at which each passes it.  JSON in
-    ``out_dir/gpu_widths_SIZE.json``, saved after every width."""
+    ``out_dir/gpu_widths_SIZE.json``, saved after every width; with ``only`` (some
+    cases, comma-separated) the other cases stored there are kept."""
     from ..model import TwoLayerReLU
     from ..training import train
     from ._util import print_table, save_result
@@ -947,8 +950,14 @@ def run_widths(size: str = "large", out_dir: str = "benchmarks/results") -> dict
     cfg = COUNT_WIDTHS[size]
     payload: dict[str, Any] = {"size": size, "rates": H200, "step_targets": STEP_TARGETS}
     results: dict[str, Any] = {}
+    previous = os.path.join(out_dir, f"gpu_widths_{size}.json")
+    if only and os.path.exists(previous):
+        with open(previous, encoding="utf-8") as fh:
+            results = {k: v for k, v in json.load(fh)["results"].items() if k in cfg["cases"]}
     rows = []
     for name, (widths, counted, methods) in cfg["cases"].items():
+        if only and name not in only.split(","):
+            continue
         w = WORKLOADS[name]
         X, Y = load(w["data"], w["args"], cfg["scale_n"])
         y = Y if Y.shape[1] > 1 else Y[:, 0]

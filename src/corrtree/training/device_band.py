@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .. import _config
-from .._device import check_device_memory, free_bytes
+from .._device import Staging, check_device_memory, free_bytes
 from .._implicit import ImplicitWeights
 from .._philox import normals_array
 from ._base import Trainer
@@ -90,12 +90,31 @@ def compact(torch, mask, cap: int, every=None, by_sort: bool = False):
     return order, every[:cap] < total
 
 
-def own_at(E, J, A):
+def own_at(E, J, A, by_gemm: bool = False):
     """``<a_r, E_j>`` at places ``J`` of rows with output weights ``A`` (``E``: by point,
-    ``(n + 1, K)``): with one output one gather and one product."""
+    ``(n + 1, K)``): with one output one gather and one product; with ``K`` outputs
+    ``K`` gathers a place and their sum, or (``by_gemm``) every row's products with
+    every point by one GEMM, ``A·Eᵀ`` (``2·(n + 1)·K`` flops a row), and one gather a
+    place (:func:`own_by_gemm` says which costs less)."""
     if A.shape[1] == 1:
         return E[:, 0][J] * A
+    if by_gemm:
+        return (A @ E.T).gather(1, J)
     return (E[J] * A[:, None, :]).sum(dim=2)
+
+
+def own_by_gemm(rates: dict[str, float], n: int, Q: int, K: int) -> bool:
+    """Whether :func:`own_at` at ``Q`` places a row among ``n + 1`` points with ``K > 1``
+    outputs costs less by its GEMM than by ``K`` gathers a place, at a device's
+    ``rates``: a row's ``Q·K`` gathers and three passes over them against
+    ``2·(n + 1)·K`` flops, two passes over the ``n + 1`` products and ``Q`` gathers.
+    Never where the products take more memory than the gathered entries
+    (``n + 1 > Q·K``)."""
+    if K == 1 or n + 1 > Q * K:
+        return False
+    by_gather = Q * K / rates["gathers"] + 24.0 * Q * K / rates["bytes"]
+    by_gemm = 2.0 * (n + 1) * K / rates["flops64"] + 16.0 * (n + 1) / rates["bytes"]
+    return by_gemm + Q / rates["gathers"] < by_gather
 
 
 def capacity(count: int, m: int) -> int:
@@ -203,7 +222,7 @@ class DeviceBand(Trainer):
         self.u = None
         self._flips_next = 0  # flips between W(t) and W(t+1), the next row's
         self._f64 = torch.float64
-        self._staging: Any = None  # the host's error, pinned on a GPU (_upload)
+        self._staging: Any = None  # the host's error's buffer, pinned on a GPU (_upload)
         # values by the Gram matrix (2·(n+1)² flops a row) or by the move (4·(n+1)·d)
         self._by_gram = n + 1 <= 2 * d
 
@@ -431,6 +450,10 @@ class DeviceBand(Trainer):
         """The device's rates (:data:`~corrtree._config.DEVICE_RATES`)."""
         return _config.DEVICE_RATES.get(self.device.type, _config.DEVICE_RATES["cpu"])
 
+    def _own_at(self, E, J, A):
+        """:func:`own_at` the cheaper way at this device's rates (:func:`own_by_gemm`)."""
+        return own_at(E, J, A, own_by_gemm(self._rates(), self.n, J.shape[1], A.shape[1]))
+
     def _by_sort(self, size: int) -> bool:
         """Whether :func:`compact` picks from a mask of ``size`` flags by a sort: where
         the device's rates price the sort below the four launches it saves."""
@@ -501,16 +524,11 @@ class DeviceBand(Trainer):
         return self.torch.from_numpy(np.array(a)).to(self.device)
 
     def _upload(self, err: np.ndarray, out) -> None:
-        """``out[...] = err`` through a staging buffer made once (pinned on a GPU), so the
-        copy is queued without waiting: the host writes the buffer again only after the
-        step's download, which waits for the copy."""
-        torch = self.torch
-        if self._staging is None or tuple(self._staging.shape) != err.shape:
-            self._staging = torch.from_numpy(np.empty(err.shape))
-            if self.device.type == "cuda":
-                self._staging = self._staging.pin_memory()
-        self._staging.copy_(torch.from_numpy(np.ascontiguousarray(err, dtype=np.float64)))
-        out.copy_(self._staging, non_blocking=True)
+        """``out[...] = err``, the copy queued without waiting (:class:`~.._device.Staging`:
+        the step's download waits for it before the host writes the buffer again)."""
+        if self._staging is None:
+            self._staging = Staging(self.torch, self.device)
+        self._staging.upload(err, out)
 
 
 class DeviceLazyTrainer(DeviceBand):
@@ -618,7 +636,7 @@ class DeviceLazyTrainer(DeviceBand):
         with self.timer("backward"):
             Ep = torch.zeros((n + 1, K), dtype=f64, device=self.device)
             self._upload(err, Ep[:n])
-            g = own_at(Ep, self.J, self.At)
+            g = self._own_at(Ep, self.J, self.At)
             self.C.addcmul_(self.F, g, value=self.eta_s)  # C += η/√m·F∘g, one launch
         with self.timer("query"):
             # the History row describes W(t), before the step

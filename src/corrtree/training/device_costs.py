@@ -11,7 +11,8 @@ modelled as set-up plus ``iters`` steps:
 - dense: two GEMMs of ``m·n·d`` a step;
 - lazy: every row's values by GEMM a step, ``min(2·(n+1)², 4·(n+1)·d)`` flops a row
   (:meth:`.device_band.DeviceBand._gemm_values`), and the coefficients' ``m·Q·K``
-  gathers (``Q`` tracked points a neuron);
+  gathers (``Q`` tracked points a neuron), or with ``K > 1`` outputs the GEMM ``A·Eᵀ``
+  and ``m·Q`` gathers where that costs less (:func:`.device_band.own_by_gemm`);
 - kernel: the set-up GEMM and the count GEMM ``m·(nK)²``; a step streams ``H``
   (``(nK)²``) and the clocks (``m·Q·K`` gathers) and visits a share of the neurons (all
   in the first steps, then a share that grows with the data's coherence and the fired
@@ -110,9 +111,10 @@ def estimate_device(
     pre = gemm + m * n / rates["stream"]
     values = m * min(2.0 * (n + 1) ** 2, 4.0 * (n + 1) * d) / rates["gemm"]
     if method == "lazy":
-        return pre + iters * (
-            values + m * Q * K / rates["gather"] + _config.DEVICE_LAZY_OPS * launch
-        )
+        own = Q * K / rates["gather"]  # a row's errors at its places, K gathers a place
+        if 1 < K and n + 1 <= Q * K:  # or by the GEMM A·Eᵀ and one gather a place
+            own = min(own, 2.0 * (n + 1) * K / rates["gemm"] + Q / rates["gather"])
+        return pre + iters * (values + m * own + _config.DEVICE_LAZY_OPS * launch)
     if method == "kernel":
         nK = n * K
         if 20.0 * nK * nK > free:

@@ -2,8 +2,11 @@
 
 The honest baseline of the array path: the CPU dense trainer's iteration
 (:mod:`.dense`) with its tensors on the device, the weights resident there and only
-``nK``-sized vectors crossing to the host per step (the outputs, for the loss; the
-errors, back).  Its state is the CPU dense trainer's (the same :attr:`SCHEMA`, numpy
+``nK``-sized vectors crossing per step: the outputs, for the loss, with the History
+row's counts (fired pairs, neurons, flips) in one transfer, the step's only host
+synchronization, as PyTorch's own loop reads its loss; the errors back, queued through
+a buffer pinned once (:class:`~corrtree._device.Staging`), as a mini-batch's points.
+Its state is the CPU dense trainer's (the same :attr:`SCHEMA`, numpy
 arrays), so a checkpoint written on one device resumes on the other.
 
 Exactness: float64 throughout; a GEMM's sums are ordered by the library (cuBLAS, or
@@ -18,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .._device import check_device_memory, free_bytes
+from .._device import Staging, check_device_memory, free_bytes
 from ._base import Trainer, previous_fire
 from ._sparse import keys_to_csr
 from .dense import DenseTrainer
@@ -93,6 +96,10 @@ class DeviceDenseTrainer(Trainer):
         self.u = None
         self.mask = None  # this iteration's fire mask over all points (m × n, bool)
         self._batch: np.ndarray | None = None
+        # the History row's counts of the last forward pass: fired pairs, neurons with a
+        # pair, flips (against ``prev``; 0 without it)
+        self._stats = [0, 0, 0]
+        self._staging = Staging(torch, dev)  # the errors' uploads, queued
 
     def _tensor(self, arr: np.ndarray):
         """A float64 copy of ``arr`` on the device (the host array stays untouched)."""
@@ -132,23 +139,41 @@ class DeviceDenseTrainer(Trainer):
     # -- iterations ----------------------------------------------------------------------
     def _forward(self, batch: np.ndarray | None = None) -> np.ndarray:
         torch = self.torch
-        Xc = self.Xt if batch is None else self.Xt[torch.as_tensor(batch, device=self.device)]
+        Xc = self.Xt
+        if batch is not None:  # the batch's points, kept for the step (advance)
+            Xc = self.Xt[self._staging.upload(batch, dtype=np.int64)]
         cols = Xc.shape[0]
-        u = torch.zeros((cols, self.a.shape[1]), dtype=torch.float64, device=self.device)
-        mask = torch.empty((self.m, cols), dtype=torch.bool, device=self.device)
+        # one block (the usual case on a device) writes its mask and outputs where they
+        # are made: no buffer to zero or copy into, the same sums
+        mask: Any = None
+        if self.block < self.m:
+            mask = torch.empty((self.m, cols), dtype=torch.bool, device=self.device)
+        u: Any = None
         with self.timer("forward"):
             for s in range(0, self.m, self.block):
                 U = self.Wt[s : s + self.block] @ Xc.T
-                mask[s : s + self.block] = U >= self.b
+                if mask is None:
+                    mask = U >= self.b
+                else:
+                    mask[s : s + self.block] = U >= self.b
                 U -= self.b
                 U.clamp_(min=0.0)
-                u += U.T @ self.At[s : s + self.block]
+                part = U.T @ self.At[s : s + self.block]
+                u = part if u is None else u.add_(part)
             u *= self.scale
-            out = u.cpu().numpy()  # the host computes the loss: one nK-sized transfer
+            # the History row's counts of these fire sets ride with u: one transfer (the
+            # host computes the loss), no synchronization to read them a step
+            f64 = torch.float64
+            stats = [mask.sum(dtype=f64), mask.any(dim=1).sum(dtype=f64)]
+            if batch is None and self.prev is not None:
+                stats.append((mask ^ self.prev).sum(dtype=f64))
+            head = torch.cat((torch.stack(stats), u.reshape(-1))).cpu().numpy()
+            out = head[len(stats) :].reshape(u.shape)
+            self._stats = [int(v) for v in head[: len(stats)]] + [0]
         if batch is None:
             self.u, self.mask = out, mask
         else:
-            self._batch, self._batch_mask = batch, mask
+            self._batch, self._batch_mask, self._batch_X = batch, mask, Xc
         return out
 
     def initial_fire_sets(self) -> tuple[np.ndarray, np.ndarray]:
@@ -171,18 +196,11 @@ class DeviceDenseTrainer(Trainer):
             if self.u is None:
                 self._forward()
             mask, Xc = self.mask, self.Xt
-            errc = torch.as_tensor(err, dtype=torch.float64, device=self.device)
+            errc = self._staging.upload(err)
         else:
-            mask = self._batch_mask
-            idx = torch.as_tensor(batch, device=self.device)
-            Xc = self.Xt[idx]
-            errc = torch.as_tensor(err[batch], dtype=torch.float64, device=self.device)
-        with self.timer("query"):
-            fired = int(mask.sum())
-            moved = int(mask.any(dim=1).sum())
-            flips = 0
-            if batch is None and self.prev is not None:
-                flips = int((mask ^ self.prev).sum())
+            mask, Xc = self._batch_mask, self._batch_X
+            errc = self._staging.upload(err[batch])
+        fired, moved, flips = self._stats[:3]  # read with the outputs (_forward)
         if step is not None and step.mu and self.Vt is None:
             check_device_memory(8.0 * self.m * self.X.shape[1], self.device, "momentum buffers")
             self.Vt = torch.zeros_like(self.Wt)

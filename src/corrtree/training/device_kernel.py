@@ -71,7 +71,6 @@ from .device_band import (
     DeviceBand,
     capacity,
     compact,
-    own_at,
 )
 from .optim import LinearStep
 
@@ -353,7 +352,7 @@ class DeviceKernelTrainer(DeviceBand):
 
     # -- coefficients, limits, clocks --------------------------------------------------
     def _coef(self, idx):
-        g = own_at(self.Ep, self.J[idx], self.At[idx])
+        g = self._own_at(self.Ep, self.J[idx], self.At[idx])
         return self.kappa[idx] + self.torch.where(self.F[idx], self.eta_s * g, 0.0)
 
     def _fresh_keys(self, J, V, beta, valid, dist=None):
