@@ -296,6 +296,27 @@ def test_evaluate_neuron_flips_exactly_the_crossed_pairs(scatter):
     assert total > 0  # the coefficients moved some pairs across b
 
 
+@numba.njit
+def _hint_every_segment(rows, seg, pool, G):
+    for r in rows:
+        _pairs.prefetch_segment(r, seg, pool, True)
+        _pairs.prefetch_block(r, seg, pool.j, G)
+
+
+def test_prefetch_hints_change_nothing_even_past_the_arrays_end():
+    """The hints of the trainers' evaluations (the next neuron's entries of the pool,
+    its reads of G) leave every array as it was, also where a hint's last cache line
+    lies past an array's end (the pool cut where the last segment ends)."""
+    st, rng = _state(3)
+    _perturb(st, rng)
+    last = st.seg[:, START] + st.seg[:, CNT]
+    cut = type(st.pool.arrays)(*(f[: int(last.max())] for f in st.pool.arrays))
+    before = [f.copy() for f in cut]
+    _hint_every_segment(np.arange(st.m)[::-1], st.seg, cut, st.G)
+    for f, g in zip(cut, before, strict=True):
+        np.testing.assert_array_equal(f, g)
+
+
 def _visit(st, rows, eta_s, parts, anchor_drift, res_drift, full, gram_cost, scatter):
     """:func:`visit_rows` on ``rows`` with flip records; ``R = 1``, ``P = 0``."""
     n = rows.shape[0]

@@ -26,7 +26,7 @@ from numba import prange
 
 from .. import _config
 from .._jit import njit
-from .._prefetch import prefetch2d
+from .._prefetch import prefetch1d, prefetch2d
 from ._pool import BETA, CNT, DRIFT, MINKEY, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "move_norm",
     "needs_reanchor",
     "prefetch_block",
+    "prefetch_segment",
     "refresh_keys",
     "safe_norm",
     "set_keys",
@@ -170,6 +171,32 @@ def prefetch_block(r, seg, ej, G):
     for q in range(t0, t1):
         for q2 in range(q, t1):
             prefetch2d(G, ej[q], ej[q2])
+
+
+@njit(cache=True, inline="always")
+def prefetch_segment(r, seg, pool, keys):
+    """Ask for neuron ``r``'s entries ahead of use: its ever-fired prefix in the pool's
+    arrays a value reads (``j``, ``kappa``, ``fire``, ``cref``, ``clast``, ``uref``,
+    ``val``), and with ``keys`` its whole segment's ``key``.  A neuron's pairs are a
+    few cache lines of each array, apart from the previous neuron's by the rest of its
+    segment, which the hardware's stream prefetchers do not follow (W5's data, the lazy
+    trainer: a quarter of its evaluation).  One hint a cache line (a hint past an
+    array's end is harmless: a prefetch never faults)."""
+    t0 = seg[r, START]
+    t1 = t0 + seg[r, SUPP]
+    for q in range(t0, t1 + 7, 8):  # float64: eight a line
+        prefetch1d(pool.kappa, q)
+        prefetch1d(pool.cref, q)
+        prefetch1d(pool.clast, q)
+        prefetch1d(pool.uref, q)
+        prefetch1d(pool.val, q)
+    for q in range(t0, t1 + 15, 16):
+        prefetch1d(pool.j, q)
+    for q in range(t0, t1 + 63, 64):
+        prefetch1d(pool.fire, q)
+    if keys:
+        for q in range(t0, t0 + seg[r, CNT] + 7, 8):
+            prefetch1d(pool.key, q)
 
 
 @njit(cache=True, inline="always")

@@ -23,6 +23,7 @@ from ._pairs import (
     gram_block,
     move_norm,
     needs_reanchor,
+    prefetch_segment,
     safe_norm,
 )
 from ._pool import BETA, CNT, DRIFT, KEY, MINKEY, SIGMA, SIGMA_UNKNOWN, START, SUPP
@@ -319,6 +320,8 @@ def _visit_range(rows, lo, hi, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drif
     )
     for k in range(lo, hi):
         r = rows[k]
+        if k + 1 < hi and by_data(X.shape[1], seg[rows[k + 1], SUPP], sc.scatter):
+            prefetch_segment(rows[k + 1], seg, pool, True)
         start = rec.start[k] if record else 0
         pos, out.nevals[k], out.again[k] = visit(
             r, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, work, rec, start

@@ -27,6 +27,7 @@ from ._pairs import (
     forward,
     needs_reanchor,
     prefetch_block,
+    prefetch_segment,
     refresh_keys,
 )
 from ._pool import (
@@ -115,8 +116,11 @@ def evaluate_rows(rows, seg, nf, pool, a, E, err, G, X, xnorm, sc, rec, out, par
             parts[c] = 0.0
         for k in range(c * nrows // chunks, (c + 1) * nrows // chunks):
             r = rows[k]
-            if k + 1 < nrows and not by_data(d, seg[rows[k + 1], SUPP], scatter):
-                prefetch_block(rows[k + 1], seg, ej, G)
+            if k + 1 < nrows:  # the next neuron's entries, and its reads of G
+                if by_data(d, seg[rows[k + 1], SUPP], scatter):
+                    prefetch_segment(rows[k + 1], seg, pool, False)
+                else:
+                    prefetch_block(rows[k + 1], seg, ej, G)
             first = start[k] if record else 0
             pos, since_anchor, nevals[k] = evaluate_neuron(
                 r, seg, nf, pool, scratch, a, E, err, G, X, xnorm, sc, dw, rec, first
