@@ -180,7 +180,7 @@ def prefetch_segment(r, seg, pool, keys):
     ``val``), and with ``keys`` its whole segment's ``key``.  A neuron's pairs are a
     few cache lines of each array, apart from the previous neuron's by the rest of its
     segment, which the hardware's stream prefetchers do not follow (W5's data, the lazy
-    trainer: a quarter of its evaluation).  One hint a cache line (a hint past an
+    trainer: a fifth of its evaluation).  One hint a cache line (a hint past an
     array's end is harmless: a prefetch never faults)."""
     t0 = seg[r, START]
     t1 = t0 + seg[r, SUPP]
