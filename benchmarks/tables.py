@@ -262,21 +262,27 @@ def widths(res: dict) -> str:
         (name, e["m"]): e["speedup_vs_dense"]
         for name, r in res["results"].items()
         for e in r["runs"]
+        if "error" not in e
     }
     for name, r in res["results"].items():
         c = r["case"]
         for e in r["runs"]:
+            if "error" in e:
+                rows.append([name, f"d={_dims(c)}", _pow2(e["m"]), str(c["iters"]), "", ""])
+                rows[-1] += [f"did not run: {e['error']}"] + [""] * 5
+                continue
             k = e["methods"][e["best"]]
             beside = c.get("beside")
             other = ratio_at.get((beside, e["m"]))
+            scaled = e.get("dense_scaled_from_m")
             rows.append(
                 [
                     name,
                     f"d={_dims(c)}",
                     _pow2(e["m"]),
                     str(c["iters"]),
-                    _ms(e["dense_total_s"]) + "*",
-                    f"{_ms(k['total_s'])} ({e['best']})",
+                    _ms(e["dense_total_s"]) + ("†" if scaled else "*"),
+                    f"{_ms(k['total_s'])} ({e['best']}{', implicit' if e.get('implicit') else ''})",
                     _ms(k["setup_s"]),
                     _ms(k["lr_s"]),
                     f"{e['whole_over_setup']:.3g}",
@@ -315,8 +321,12 @@ def widths(res: dict) -> str:
         for (day, on), names in sorted(earlier.items())
     )
     return (
-        text + "\n\n\\* extrapolated from the first iterations. `exact`: every trainer's first "
-        "losses equal dense's and its final loss the loss of its final weights." + dates
+        text + "\n\n\\* extrapolated from the first iterations. † dense does not fit (its "
+        "products and a stored `W` take 11 GiB and more): the dense run of the widest stored "
+        "width of the same run, times the ratio of widths (every part of a dense run grows "
+        "linearly in m); the trainer runs an implicit model. `exact`: every trainer's first "
+        "losses equal dense's and its final loss the loss of its final weights (†: the "
+        "second only)." + dates
     )
 
 

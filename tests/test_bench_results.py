@@ -118,11 +118,23 @@ def test_widths_exactness_check_fails_on_a_drifted_run():
     assert _agree(kernel, dense)
     assert not _agree({**kernel, "loss": [10.0, 8.0, 6.5 * (1 + 1e-7)]}, dense)
     assert not _agree({**kernel, "final_loss": 1.25 * (1 + 1e-7)}, dense)
+    # beyond memory, without a dense run: the final loss alone
+    assert _agree({**kernel, "loss": [10.0, 8.0, 6.5 * (1 + 1e-7)]}, None)
+    assert not _agree({**kernel, "final_loss": 1.25 * (1 + 1e-7)}, None)
+
+
+def test_widths_dense_beyond_memory_is_the_stored_run_scaled_by_width():
+    from corrtree.bench.widths import _scaled_dense
+
+    dense = {"m": 2**18, "total_s": 300.0, "iteration_median_s": 2.5, "loss": [1.0]}
+    scaled = _scaled_dense(dense, 2**20)
+    assert scaled == {"total_s": 1200.0, "iteration_median_s": 10.0, "from_m": 2**18}
 
 
 def test_stored_width_runs_are_exact_and_their_ratios_add_up():
-    """Every stored run of ``bench_widths.py`` followed dense's trajectory, and its ratios
-    are those of its own times."""
+    """Every stored run of ``bench_widths.py`` followed dense's trajectory (beyond memory:
+    its final loss is its final weights'), its ratios are those of its own times, and a
+    dense time beyond memory is a stored width's, scaled by the widths."""
     import json
     import pathlib
 
@@ -130,7 +142,25 @@ def test_stored_width_runs_are_exact_and_their_ratios_add_up():
     results = json.loads(stored.read_text())["results"]
     runs = [e for case in results.values() for e in case["runs"]]
     assert runs
+    dense_at = {
+        (name, e["m"]): e["dense_total_s"]
+        for name, case in results.items()
+        for e in case["runs"]
+        if "error" not in e and not e.get("implicit")
+    }
+    for name, case in results.items():
+        for e in case["runs"]:
+            if "error" in e or not e.get("implicit"):
+                continue
+            # beyond memory: dense is a stored width's measured run, scaled by the widths
+            ref = dense_at[name, e["dense_scaled_from_m"]]
+            want = ref * e["m"] / e["dense_scaled_from_m"]
+            assert abs(e["dense_total_s"] - want) < 1e-9 * want
+            assert all(r["implicit"] for r in e["methods"].values())
     for e in runs:
+        if "error" in e:  # a width that could not run says why
+            assert e["error"] and e["m"] > 0
+            continue
         k = e["methods"][e["best"]]
         assert all(k["total_s"] <= r["total_s"] for r in e["methods"].values())
         assert e["exact"]

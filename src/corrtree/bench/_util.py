@@ -216,10 +216,11 @@ def loglog_plot(
 def warm_kernels(method: str, outputs: int = 1, **options: Any) -> None:
     """Load the method's compiled kernels (:func:`corrtree.warmup`), so that a timed run
     that follows does not include it; ``options`` with ``momentum`` or ``weight_decay``
-    load those of the linear steps.  ``outputs`` is accepted for the callers' sake: the
-    kernels do not depend on it."""
+    load those of the linear steps, with ``implicit`` those of an implicit model.
+    ``outputs`` is accepted for the callers' sake: the kernels do not depend on it."""
     from ..training._train import train
     from ..training._warmup import ensure
 
     del outputs
-    ensure(train, method, bool(options.get("momentum") or options.get("weight_decay")))
+    linear = bool(options.get("momentum") or options.get("weight_decay"))
+    ensure(train, method, linear, bool(options.get("implicit")))

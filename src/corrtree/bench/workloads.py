@@ -108,11 +108,13 @@ def one_run(
     budget: float,
     lr: float | None,
     loss: str = "squared",
+    implicit: bool = False,
 ) -> dict[str, Any]:
-    """One whole run in this (fresh) process, training ``loss``."""
+    """One whole run in this (fresh) process, training ``loss`` (an implicit model with
+    ``implicit``: ``W`` is never stored)."""
     X, Y = load(data, args, scale_n)
     K = Y.shape[1]
-    model = TwoLayerReLU.init(d=X.shape[1], m=m, outputs=K, seed=7)
+    model = TwoLayerReLU.init(d=X.shape[1], m=m, outputs=K, seed=7, implicit=implicit)
     if method == "torch":
         from .train import torch_dense_gd
 
@@ -133,7 +135,7 @@ def one_run(
             "loss": res["loss"],
             "peak_rss_gib": peak_rss_bytes() / 2**30,
         }
-    warm_kernels(method, K)
+    warm_kernels(method, K, implicit=implicit)
     run_iters = iters
     extrapolate = method in ("dense", "dtree", "wtree")
     if extrapolate:
@@ -179,9 +181,10 @@ def one_run(
         "fired_pairs_at_init": hist.fired_pairs[0] if done else 0,
         "loss": hist.loss[:measured],
         "final_loss": hist.final_loss,
-        "sketch": (model.W[:: max(1, m // 64)] @ np.ones(X.shape[1])).tolist()
+        "sketch": [float(model.weights(r, r + 1).sum()) for r in range(0, m, max(1, m // 64))]
         if done == iters
         else None,
+        "implicit": implicit,
         "peak_rss_gib": peak_rss_bytes() / 2**30,
     }
     if done == iters and not extrapolate:  # untimed: the loss of the final weights, densely
