@@ -274,6 +274,8 @@ def widths(res: dict) -> str:
             k = e["methods"][e["best"]]
             beside = c.get("beside")
             other = ratio_at.get((beside, e["m"]))
+            if beside in res["results"] and _when(res["results"][beside]) != _when(r):
+                other = None  # measured in another run: no ratio against it
             scaled = e.get("dense_scaled_from_m")
             rows.append(
                 [
@@ -328,6 +330,11 @@ def widths(res: dict) -> str:
         "losses equal dense's and its final loss the loss of its final weights (†: the "
         "second only)." + dates
     )
+
+
+def _when(case: dict) -> tuple:
+    """The day and machine a widths case was measured on."""
+    return case.get("measured"), case.get("measured_on")
 
 
 def _dims(case: dict) -> str:
