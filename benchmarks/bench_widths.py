@@ -1,5 +1,6 @@
-"""Whole runs against width on real data: W2's patches at m = 2^14 ... 2^18, other patches,
-a tabular regression set; the kernel trainer against dense numpy, whole run / set-up.
+"""Whole runs against width on real data: W2's patches at m = 2^14 ... 2^20 (implicit
+models from 2^19), other patches, a tabular regression set; the fastest exact trainer against
+dense numpy, whole run / set-up.
 
 Usage: python benchmarks/bench_widths.py [--size small|large] [--out DIR]
 """

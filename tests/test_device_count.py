@@ -299,6 +299,12 @@ def test_width_sweep_counts_and_tabulates(tmp_path, monkeypatch):
     with open(tmp_path / "gpu_widths_small.json", encoding="utf-8") as fh:
         text = tables.gpu_widths(json.load(fh))
     assert "| 2^11 | kernel |" in text and "passes PyTorch dense" in text
+    # W1's width of #46's target, beyond those counted: carried from the two widest
+    beyond = case["beyond"]
+    assert beyond["m"] == 2**22 and beyond["from"] == [2**10, 2**11]
+    assert beyond["target"] == 30.0 and "| 2^22 † | kernel |" in text
+    assert beyond["modelled_s"] >= case["widths"][-1]["runs"]["kernel"]["modelled_s"]
+    assert beyond["modelled_streamed_s"] <= beyond["modelled_s"]
     # a case counted alone joins the cases stored, which stay as they were
     cases = {**dc.COUNT_WIDTHS["small"]["cases"], "W5": ((2**10,), 4, ("lazy",))}
     monkeypatch.setitem(dc.COUNT_WIDTHS, "small", {**dc.COUNT_WIDTHS["small"], "cases": cases})
@@ -545,3 +551,59 @@ def test_device_memory_model_counts_an_implicit_models_earlier_run():
         ]
         for m in (1024, 2048):
             assert got[1](m) - got[0](m) == pytest.approx(update_bytes(src, m, 16))
+
+
+def test_streamed_prices_whole_row_accesses_at_the_bandwidth():
+    """Without a measured row rate an indexed access of whole rows is priced at the
+    scattered gathers' rate; :func:`streamed_seconds` reprices exactly those accesses
+    at the bandwidth (their bytes read and written) and leaves every other one."""
+    rates = {**dc.H200}
+    rates.pop("row_gathers_per_s", None)
+    M = torch.zeros((1000, 64), dtype=torch.float64)
+    rows = torch.arange(0, 1000, 7)
+    entries = rows.numel() * 64.0
+    with dc.OpCounter(rates) as c:
+        M[rows]
+        M[rows] = 1.0
+    counts = c.counts
+    assert counts.row_runs == 2 * entries
+    assert counts.row_runs_s == pytest.approx(2 * entries / rates["gathers_per_s"])
+    assert counts.row_runs_streamed_s == pytest.approx(2 * 2 * 8 * entries / rates["bytes_per_s"])
+    assert dc.streamed_seconds(counts, rates) == pytest.approx(
+        dc.modelled_seconds(counts, rates) - counts.row_runs_s + counts.row_runs_streamed_s
+    )
+    assert dc.streamed_seconds(counts, rates) < dc.modelled_seconds(counts, rates)
+    cols = torch.zeros((rows.numel(), 64), dtype=torch.int64)
+    with dc.OpCounter(rates) as c:  # one entry a place: not a row
+        torch.gather(M[:143], 1, cols)
+    assert c.counts.row_runs == 0.0
+    assert dc.streamed_seconds(c.counts, rates) == dc.modelled_seconds(c.counts, rates)
+    # scaled with the width as the rest of the work
+    big = counts.scaled(4.0)
+    assert big.row_runs == 4 * counts.row_runs
+    assert big.row_runs_streamed_s == pytest.approx(4 * counts.row_runs_streamed_s)
+
+
+def test_extrapolated_width_is_affine_in_the_width_through_the_two_widest():
+    """Each counted step carried to a wider ``m`` on the line through the two widest
+    counted widths (never below the widest's), the run completed at the median of the
+    last five, PyTorch dense scaled linearly."""
+    steps_a = [4.0, 2.0, 1.0, 1.0, 1.0, 1.0]
+    steps_b = [7.0, 2.5, 1.0, 0.5, 1.5, 1.0]
+    case = {
+        "iters": 10,
+        "widths": [
+            {"m": 8, "torch_dense_s": 1.0, "runs": {}},
+            {"m": 16, "torch_dense_s": 2.0, "runs": {"kernel": {"modelled_per_step_s": steps_a}}},
+            {"m": 32, "torch_dense_s": 4.0, "runs": {"kernel": {"modelled_per_step_s": steps_b}}},
+        ],
+    }
+    out = dc.extrapolated_width(case, 64)
+    per = [7.0 + 2 * 3.0, 2.5 + 2 * 0.5, 1.0, 0.5, 1.5 + 2 * 0.5, 1.0]
+    per[3] = 0.5  # the line falls below the widest: kept at the widest
+    whole = sum(per) + 4 * float(np.median(per[-5:]))
+    assert out["m"] == 64 and out["from"] == [16, 32]
+    assert out["torch_dense_s"] == 8.0
+    assert out["modelled_s"] == pytest.approx(whole)
+    assert out["vs_torch_dense"] == pytest.approx(8.0 / whole)
+    assert "modelled_streamed_s" not in out  # not recorded, not made up

@@ -53,8 +53,10 @@ __all__ = [
     "count_dense_step",
     "count_train",
     "due_rows",
+    "extrapolated_width",
     "modelled_seconds",
     "run_widths",
+    "streamed_seconds",
     "validate_dense",
 ]
 
@@ -142,6 +144,13 @@ class Counts:
     bytes: float = 0.0
     #: modelled seconds of the work alone, op by op (the roofline), filled as counted
     work_s: float = 0.0
+    #: the indexed accesses that move whole rows (runs of at least ``ROW_RUN`` entries a
+    #: place, whatever the rates): their entries, the seconds ``work_s`` charged them,
+    #: and the seconds they would take streamed at the memory bandwidth
+    #: (:func:`streamed_seconds`, the model's other bound while no row rate is measured)
+    row_runs: float = 0.0
+    row_runs_s: float = 0.0
+    row_runs_streamed_s: float = 0.0
     ops: dict[str, int] = field(default_factory=dict)
     #: modelled seconds by operation (its work, launches, synchronizations and uploads,
     #: priced with the counter's rates as counted; transfers under ``cpu()``,
@@ -164,10 +173,9 @@ class Counts:
         out = Counts(**{f: getattr(self, f) for f in _FIELDS}, ops=dict(self.ops))
         for f in (
             "upload_bytes", "flops64", "flops32", "gathers", "row_gathers", "scatters",
-            "sorted", "bytes",
+            "sorted", "bytes", "work_s", "row_runs", "row_runs_s", "row_runs_streamed_s",
         ):  # fmt: skip
             setattr(out, f, getattr(out, f) * factor)
-        out.work_s *= factor
         return out
 
     def as_dict(self) -> dict[str, Any]:
@@ -187,7 +195,8 @@ class Counts:
 
 _FIELDS = (
     "launches", "syncs", "uploads", "queued_uploads", "upload_bytes", "flops64", "flops32",
-    "gathers", "row_gathers", "scatters", "sorted", "bytes", "work_s",
+    "gathers", "row_gathers", "scatters", "sorted", "bytes", "work_s", "row_runs",
+    "row_runs_s", "row_runs_streamed_s",
 )  # fmt: skip
 
 
@@ -370,7 +379,10 @@ class OpCounter:
             c.gathers += entries
             c.bytes += 2 * _nbytes(outs[0])
             rate = self._gather_rate(name, args, entries)
-            c.work_s += max(entries / rate, 2 * _nbytes(outs[0]) / r["bytes_per_s"])
+            streamed = 2 * _nbytes(outs[0]) / r["bytes_per_s"]
+            work = max(entries / rate, streamed)
+            c.work_s += work
+            self._row_runs(name, args, entries, work, streamed)
         elif name in _SCATTER:
             src = list(_tensors(args[2:] if len(args) > 2 else args[1:]))
             entries = float(max((t.numel() for t in src), default=0))
@@ -385,7 +397,10 @@ class OpCounter:
                 c.work_s += entries / r["scatters_per_s"]
             else:  # each place written once: an indexed access, at the gathers' rate
                 c.gathers += entries
-                c.work_s += entries / self._gather_rate(name, args, entries)
+                work = entries / self._gather_rate(name, args, entries)
+                c.work_s += work
+                size = args[0].element_size() if isinstance(args[0], torch.Tensor) else 8
+                self._row_runs(name, args, entries, work, 2 * size * entries / r["bytes_per_s"])
         elif name in _SORT and "sorts_per_s" in r and args:
             records = float(args[0].numel())
             c.sorted += records
@@ -394,6 +409,18 @@ class OpCounter:
         else:
             c.bytes += moved
             c.work_s += moved / r["bytes_per_s"]
+
+    def _row_runs(
+        self, name: str, args: tuple, entries: float, work: float, streamed: float
+    ) -> None:
+        """Record an indexed access that moves whole rows (:func:`_row_run` at least
+        :data:`~corrtree._config.ROW_RUN`): its entries, the seconds charged and the
+        seconds streamed at the bandwidth (``streamed``, at most ``work``)."""
+        if entries and _row_run(name, args) >= _config.ROW_RUN:
+            c = self.counts
+            c.row_runs += entries
+            c.row_runs_s += work
+            c.row_runs_streamed_s += min(work, streamed)
 
     def _gather_rate(self, name: str, args: tuple, entries: float) -> float:
         """The rate of an indexed access of ``entries`` entries: ``row_gathers_per_s``
@@ -545,6 +572,16 @@ def modelled_seconds(c: Counts, rates: dict[str, float] | None = None) -> float:
         + (c.syncs + c.uploads) * r["sync_s"]
         + c.upload_bytes / 50e9
     )
+
+
+def streamed_seconds(c: Counts, rates: dict[str, float] | None = None) -> float:
+    """:func:`modelled_seconds` with every indexed access that moves whole rows priced at
+    the memory bandwidth instead (its bytes read and written), as a GPU may stream
+    such runs: the model's other bound on the device trainers, where the rates hold no
+    measured ``row_gathers_per_s`` (``bench_gpu.py`` measures it on a device).  Counts
+    priced with other ``rates`` than they were counted with are repriced by
+    :func:`modelled_seconds` alone."""
+    return modelled_seconds(c, rates) - c.row_runs_s + c.row_runs_streamed_s
 
 
 def count_dense_step(
@@ -770,13 +807,52 @@ STEP_TARGETS = {
 
 
 def _whole(
-    steps: list[Counts], iters: int, rates: dict[str, float] | None = None
+    steps: list[Counts],
+    iters: int,
+    rates: dict[str, float] | None = None,
+    price: Callable[..., float] | None = None,
 ) -> tuple[float, bool]:
     """Modelled seconds of a whole run from its counted steps (the rest at the median of
-    the last five counted) and whether it was extrapolated."""
-    per = [modelled_seconds(c, rates) for c in steps]
+    the last five counted), each priced by ``price`` (:func:`modelled_seconds` by
+    default, or :func:`streamed_seconds`), and whether it was extrapolated."""
+    price = modelled_seconds if price is None else price
+    return _run_of([price(c, rates) for c in steps], iters)
+
+
+def _run_of(per: list[float], iters: int) -> tuple[float, bool]:
+    """A whole run of ``iters`` steps from the modelled seconds ``per`` of its first
+    ones (the rest at the median of the last five) and whether it was extrapolated."""
     rest = iters - len(per)
     return sum(per) + max(0, rest) * float(np.median(per[-5:])), rest > 0
+
+
+#: #46's modelled targets at widths beyond what the CPU can count (the device trainers
+#: on W1 at m = 2^22 hold 26 GB of rows; W2's kernel at 2^20 counted 8 steps at 2^16 in
+#: 156 s and would take hours): workload -> (width, least ratio to PyTorch dense).
+WIDE_TARGETS: dict[str, tuple[int, float]] = {"W1": (2**22, 30.0), "W2": (2**20, 10.0)}
+
+
+def extrapolated_width(case: dict[str, Any], m: int, method: str = "kernel") -> dict[str, Any]:
+    """A case of :func:`run_widths` carried to width ``m`` beyond those counted: each
+    counted step's modelled seconds (and streamed seconds, where recorded) taken as
+    affine in the width through the two widest counted widths (a step's work grows with
+    the rows it reaches, its launches and synchronizations do not), never below the
+    widest's, the run completed as :func:`_whole` does; PyTorch dense scaled linearly
+    (its step is linear in ``m``).  An estimate of the model, not a count."""
+    a, b = (p["runs"][method] for p in case["widths"][-2:])
+    ma, mb = (p["m"] for p in case["widths"][-2:])
+    out: dict[str, Any] = {"m": m, "from": [ma, mb], "method": method}
+    torch_s = case["widths"][-1]["torch_dense_s"] * m / mb
+    out["torch_dense_s"] = torch_s
+    for key, name in (("modelled_per_step_s", ""), ("streamed_per_step_s", "_streamed")):
+        if key not in a or key not in b:
+            continue
+        pa, pb = np.asarray(a[key]), np.asarray(b[key])
+        per = np.maximum(pb + (pb - pa) * (m - mb) / (mb - ma), pb)
+        whole, _ = _run_of(list(per), case["iters"])
+        out[f"modelled{name}_s"] = whole
+        out[f"vs_torch_dense{name}"] = torch_s / whole
+    return out
 
 
 def nothing_due(hist: Any) -> list[bool]:
@@ -863,12 +939,19 @@ def run_count(
                 seen = last_run(visits["device"], m)
                 case["due_rows"] = due_rows(train, X, y, m, counted, Y.shape[1], seen)
             whole, extrapolated = _whole(got["steps"], iters)
+            streamed, _ = _whole(got["steps"], iters, price=streamed_seconds)
             case["runs"][method] = {
                 "modelled_s": whole,
                 "extrapolated": extrapolated,
                 "vs_torch_dense": torch_s / whole,
+                "modelled_streamed_s": streamed,
+                "vs_torch_dense_streamed": torch_s / streamed,
                 "counted_wall_s": got["wall_s"],
-                "steps": [c.as_dict() | {"modelled_s": modelled_seconds(c)} for c in got["steps"]],
+                "steps": [
+                    c.as_dict()
+                    | {"modelled_s": modelled_seconds(c), "streamed_s": streamed_seconds(c)}
+                    for c in got["steps"]
+                ],
                 "moved_neurons": list(hist.moved_neurons),
                 "targets": (
                     _targets(got["steps"], nothing_due(hist)) if method != "dense" else None
@@ -978,17 +1061,21 @@ def run_widths(
                 model = TwoLayerReLU.init(d=X.shape[1], m=m, outputs=Y.shape[1], seed=7)
                 got = count_train(train, model, X, y, method=method, iters=counted)
                 whole, extrapolated = _whole(got["steps"], iters)
+                streamed, _ = _whole(got["steps"], iters, price=streamed_seconds)
                 later = got["steps"][3:]
                 point["runs"][method] = {
                     "modelled_s": whole,
                     "extrapolated": extrapolated,
                     "vs_torch_dense": torch_s / whole,
+                    "modelled_streamed_s": streamed,
+                    "vs_torch_dense_streamed": torch_s / streamed,
                     "worst_later": {
                         "launches": max(c.launches for c in later),
                         "syncs": max(c.syncs for c in later),
                     },
                     "syncs_per_step": [c.syncs for c in got["steps"]],
                     "modelled_per_step_s": [modelled_seconds(c) for c in got["steps"]],
+                    "streamed_per_step_s": [streamed_seconds(c) for c in got["steps"]],
                     "launches_per_step": [c.launches for c in got["steps"]],
                     "evaluated_pairs": list(got["history"].evaluated_pairs),
                     "counted_wall_s": got["wall_s"],
@@ -997,6 +1084,10 @@ def run_widths(
                     case["passes_torch_dense_at"].setdefault(method, m)
                 rows.append([name, m, method, whole, torch_s, torch_s / whole])
             case["widths"].append(point)
+            if name in WIDE_TARGETS and len(case["widths"]) >= 2:  # #46's wide target
+                wide, least = WIDE_TARGETS[name]
+                beyond = extrapolated_width(case, wide, methods[-1])
+                case["beyond"] = beyond | {"target": least}
             payload["counted_on"] = time.strftime("%Y-%m-%d")
             save_result(out_dir, f"gpu_widths_{size}", {**payload, "results": results})
     print_table(
