@@ -607,3 +607,5 @@ def test_extrapolated_width_is_affine_in_the_width_through_the_two_widest():
     assert out["modelled_s"] == pytest.approx(whole)
     assert out["vs_torch_dense"] == pytest.approx(8.0 / whole)
     assert "modelled_streamed_s" not in out  # not recorded, not made up
+    with pytest.raises(ValueError, match="two counted widths"):
+        dc.extrapolated_width(case, 32)

@@ -578,9 +578,9 @@ def streamed_seconds(c: Counts, rates: dict[str, float] | None = None) -> float:
     """:func:`modelled_seconds` with every indexed access that moves whole rows priced at
     the memory bandwidth instead (its bytes read and written), as a GPU may stream
     such runs: the model's other bound on the device trainers, where the rates hold no
-    measured ``row_gathers_per_s`` (``bench_gpu.py`` measures it on a device).  Counts
-    priced with other ``rates`` than they were counted with are repriced by
-    :func:`modelled_seconds` alone."""
+    measured ``row_gathers_per_s`` (``bench_gpu.py`` measures it on a device).  The work
+    is priced as it was counted; ``rates`` price the launches and synchronizations, as
+    in :func:`modelled_seconds`."""
     return modelled_seconds(c, rates) - c.row_runs_s + c.row_runs_streamed_s
 
 
@@ -819,6 +819,20 @@ def _whole(
     return _run_of([price(c, rates) for c in steps], iters)
 
 
+def _run_figures(steps: list[Counts], iters: int, torch_s: float) -> dict[str, Any]:
+    """A counted run's whole modelled seconds, by :func:`modelled_seconds` and by
+    :func:`streamed_seconds`, each beside PyTorch dense's ``torch_s``."""
+    whole, extrapolated = _whole(steps, iters)
+    streamed, _ = _whole(steps, iters, price=streamed_seconds)
+    return {
+        "modelled_s": whole,
+        "extrapolated": extrapolated,
+        "vs_torch_dense": torch_s / whole,
+        "modelled_streamed_s": streamed,
+        "vs_torch_dense_streamed": torch_s / streamed,
+    }
+
+
 def _run_of(per: list[float], iters: int) -> tuple[float, bool]:
     """A whole run of ``iters`` steps from the modelled seconds ``per`` of its first
     ones (the rest at the median of the last five) and whether it was extrapolated."""
@@ -839,6 +853,11 @@ def extrapolated_width(case: dict[str, Any], m: int, method: str = "kernel") -> 
     the rows it reaches, its launches and synchronizations do not), never below the
     widest's, the run completed as :func:`_whole` does; PyTorch dense scaled linearly
     (its step is linear in ``m``).  An estimate of the model, not a count."""
+    if len(case["widths"]) < 2 or m <= case["widths"][-1]["m"]:
+        raise ValueError(
+            f"m={m}: extrapolated_width needs two counted widths below it, "
+            f"got {[p['m'] for p in case['widths']]}"
+        )
     a, b = (p["runs"][method] for p in case["widths"][-2:])
     ma, mb = (p["m"] for p in case["widths"][-2:])
     out: dict[str, Any] = {"m": m, "from": [ma, mb], "method": method}
@@ -938,14 +957,8 @@ def run_count(
             if method == "kernel" and name in cfg["due"]:
                 seen = last_run(visits["device"], m)
                 case["due_rows"] = due_rows(train, X, y, m, counted, Y.shape[1], seen)
-            whole, extrapolated = _whole(got["steps"], iters)
-            streamed, _ = _whole(got["steps"], iters, price=streamed_seconds)
             case["runs"][method] = {
-                "modelled_s": whole,
-                "extrapolated": extrapolated,
-                "vs_torch_dense": torch_s / whole,
-                "modelled_streamed_s": streamed,
-                "vs_torch_dense_streamed": torch_s / streamed,
+                **_run_figures(got["steps"], iters, torch_s),
                 "counted_wall_s": got["wall_s"],
                 "steps": [
                     c.as_dict()
@@ -1060,15 +1073,11 @@ def run_widths(
             for method in methods:
                 model = TwoLayerReLU.init(d=X.shape[1], m=m, outputs=Y.shape[1], seed=7)
                 got = count_train(train, model, X, y, method=method, iters=counted)
-                whole, extrapolated = _whole(got["steps"], iters)
-                streamed, _ = _whole(got["steps"], iters, price=streamed_seconds)
+                figures = _run_figures(got["steps"], iters, torch_s)
+                whole = figures["modelled_s"]
                 later = got["steps"][3:]
                 point["runs"][method] = {
-                    "modelled_s": whole,
-                    "extrapolated": extrapolated,
-                    "vs_torch_dense": torch_s / whole,
-                    "modelled_streamed_s": streamed,
-                    "vs_torch_dense_streamed": torch_s / streamed,
+                    **figures,
                     "worst_later": {
                         "launches": max(c.launches for c in later),
                         "syncs": max(c.syncs for c in later),
