@@ -1,6 +1,11 @@
-"""The corrtree command line, through real subprocesses."""
+"""The corrtree command line: :func:`corrtree.cli.main` in the test's process, its output
+and exit status captured as a subprocess's, and through real subprocesses where a fresh
+process is the point (signals, start-up, the kernels' loading, environments)."""
 
+import contextlib
+import io
 import json
+import logging
 import os
 import re
 import signal
@@ -17,11 +22,43 @@ import corrtree as ct
 CLI = [sys.executable, "-m", "corrtree.cli"]
 
 
-def run(*args, check=True, **kw):
-    proc = subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, **kw)
+def run(*args, check=True, process=False, **kw):
+    """``corrtree ARGS``: :func:`in_process` unless ``process`` or an option of
+    :func:`subprocess.run` other than ``cwd`` asks for ``python -m corrtree.cli``."""
+    argv = list(map(str, args))
+    if process or set(kw) - {"cwd"}:
+        proc = subprocess.run([*CLI, *argv], capture_output=True, text=True, **kw)
+    else:
+        proc = in_process(argv, kw.get("cwd"))
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def in_process(argv, cwd=None):
+    """:func:`corrtree.cli.main` run here in ``cwd``, as a subprocess would be: its
+    standard output and error captured, argparse's exit taken as the status; the
+    working folder and the ``corrtree`` logger (``main`` points it at the captured
+    stream) restored after.  An exception ``main`` does not report fails the test, as a
+    traceback would."""
+    from corrtree import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    logger = logging.getLogger("corrtree")
+    handlers, level, here = logger.handlers[:], logger.level, os.getcwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli.main(argv)
+            except SystemExit as exc:  # argparse: --help, --version, bad options
+                code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    finally:
+        os.chdir(here)
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def assert_one_line_error(proc, code, text):

@@ -648,7 +648,7 @@ def test_device_kernel_clocks_wait_only_while_no_neuron_can_be_due(longest):
     (the sums' ratio above every threshold's: the ratio 1 taken over the larger sum)."""
     from corrtree.training.device_kernel import DeviceKernelTrainer
 
-    n, d, m, iters = 64, 32, 2**16, 60
+    n, d, m, iters = 64, 32, 2**14, 60
     rng = np.random.default_rng(0)
     X = rng.standard_normal((n, d))
     X /= np.linalg.norm(X, axis=1, keepdims=True)
