@@ -281,6 +281,31 @@ def test_sigint_saves_a_checkpoint_and_resume_is_exact(tmp_path, method):
     assert ha["loss"] == hb["loss"]
 
 
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        (["--lr", "-1"], "--lr must be a positive number"),
+        (["--iters", "3", "--epochs", "2"], "give --iters or --epochs"),
+        (["--momentum", "0.5", "--nesterov", "--weight-decay", "-1"], "weight_decay must be"),
+        (["--batch-size", "8", "--nesterov"], "nesterov=True needs momentum > 0"),
+        (["--device", "cuda:9"], "--device: device='cuda:9' is not there"),
+        (["--device", "cpu", "--method", "dtree"], "method='dtree' has no device path"),
+        (["--device", "cpu", "--workers", "2"], "--device runs in one process"),
+    ],
+)
+def test_flags_are_refused_before_the_data_loads(args, text, tmp_path):
+    """A flag that needs no data is named in one line before the data loads (here data
+    that cannot load) and before a progress bar starts."""
+    if "--device" in args:
+        pytest.importorskip("torch")
+    missing = tmp_path / "missing.csv"
+    proc = run("train", "--data", missing, "--out", tmp_path / "o", *args, check=False)
+    assert_one_line_error(proc, 1, text)
+    assert proc.stdout == ""
+    proc = run("train", "--data", missing, "--out", tmp_path / "o", check=False)
+    assert_one_line_error(proc, 1, str(missing))  # the data's own error, without the flag
+
+
 def test_checkpoint_every_and_corrupted_checkpoint(tmp_path):
     out = tmp_path / "o"
     run(

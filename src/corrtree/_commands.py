@@ -25,8 +25,10 @@ from .distributed import WorkerLost
 from .model import TwoLayerReLU
 from .preprocessing import load_transform
 from .training import CheckpointError, History, TrainingDiverged, resume, train, warmup
+from .training._choice import check_device
 from .training.checkpoint import read_manifest
 from .training.losses import get_loss
+from .training.optim import SGD
 
 # ---------------------------------------------------------------------------
 # outputs of a run
@@ -89,9 +91,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 def _steps(n: int, iters: int | None, batch_size: int | None, epochs: int | None) -> int:
-    """The number of steps of a run (for the progress bar)."""
-    if iters is not None and epochs is not None:
-        raise CliError("give --iters or --epochs, not both")
+    """The number of steps of a run (for the progress bar; a new run's flags give at most
+    one of ``iters`` and ``epochs``, :func:`_flags_before_the_data`)."""
     if epochs is None:
         return 100 if iters is None else iters
     return epochs * -(-n // min(batch_size or n, n))
@@ -127,6 +128,7 @@ def _new_run(args: argparse.Namespace, out: Path, run_id: str) -> int:
     """``corrtree train`` without ``--resume``: load, train, write the results."""
     if args.data not in BUILTIN_DATA:  # so that --resume works from any folder
         args.data = str(Path(args.data).resolve())
+    lr = _flags_before_the_data(args)
     ds = load_data(
         args.data,
         args.seed,
@@ -136,7 +138,6 @@ def _new_run(args: argparse.Namespace, out: Path, run_id: str) -> int:
         args.header,
         not args.no_standardize,
     )
-    lr = "auto" if args.lr == "auto" else _positive_float(args.lr, "--lr")
     model = TwoLayerReLU.init(
         d=ds.X_train.shape[1],
         m=args.width,
@@ -180,6 +181,34 @@ def _new_run(args: argparse.Namespace, out: Path, run_id: str) -> int:
             loss=_loss_for(args.loss, ds),
         )
     return _finish(out, model, hist, ds, run, {})
+
+
+def _flags_before_the_data(args: argparse.Namespace) -> str | float:
+    """The flags of a new run that need no data, refused in one line before the data
+    loads (and before a progress bar starts): ``--lr`` (returned, parsed), ``--iters``
+    against ``--epochs``, the optimizer's, and ``--device`` (there, and taking the
+    method, in one process).  What needs the data (the memory a run takes, ``--loss``
+    against the labels) is checked once it is loaded, still before any kernel runs."""
+    lr = "auto" if args.lr == "auto" else _positive_float(args.lr, "--lr")
+    if args.iters is not None and args.epochs is not None:
+        raise CliError("give --iters or --epochs, not both")
+    SGD(
+        args.batch_size,
+        args.epochs,
+        args.momentum,
+        args.nesterov,
+        args.weight_decay,
+        args.schedule,
+        args.seed,
+    )
+    if args.device is not None:
+        if args.workers is not None or args.scheduler is not None:
+            raise CliError("--device runs in one process: leave out --workers and --scheduler")
+        try:
+            check_device(args.device, args.method, None, None)
+        except ValueError as exc:
+            raise CliError(f"--device: {exc}") from None
+    return lr
 
 
 def _loss_for(loss: str, ds: datasets.Dataset) -> str:
