@@ -172,6 +172,7 @@ def test_gpu_benchmark_runs_on_the_cpu(tmp_path, monkeypatch):
     res = json.loads((tmp_path / "gpu_tiny.json").read_text())
     assert set(res["results"]) == {"W5", "W1 lr/2"}
     assert 0 < res["plan"]["planned_s"] <= gpu.PLAN_LIMIT_S
+    assert set(gpu._cases(tiny)) == set(res["results"])  # the plan prices what runs
     for case in res["results"].values():
         for method in ("dense", "lazy", "kernel", "auto"):
             assert case["runs"][method]["first_loss_agrees"], method

@@ -74,11 +74,16 @@ SEED = 7
 
 
 def _cases(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The suite's cases by name: W1 at its width and at ``wide_m``, W2–W5, W1 with other
+    labels and with half its learning rate; a size that names ``cases`` keeps those
+    alone, in the plan (:func:`plan`) as in the runs."""
     w1 = WORKLOADS["W1"]
     cases = {"W1": dict(w1), "W1 wide": {**w1, "m": int(cfg["wide_m"] / cfg["scale_m"])}}
     cases.update({k: dict(v) for k, v in WORKLOADS.items() if k != "W1"})
     cases["W1 other labels"] = {**w1, "labels_seed": 1}
     cases["W1 lr/2"] = {**w1, "lr_factor": 0.5}
+    if cfg.get("cases"):  # a size that names its cases runs (and plans) those alone
+        return {k: v for k, v in cases.items() if k in cfg["cases"]}
     return cases
 
 
@@ -285,8 +290,6 @@ def run(size: str = "large", out_dir: str = "benchmarks/results") -> dict[str, A
     }
     cases = _cases(cfg)
     for name, case in cases.items():  # the device first; saved after every workload
-        if cfg.get("cases") and name not in cfg["cases"]:
-            continue
         t0 = time.perf_counter()
         rates = measured.get("rates")
         results[name] = _guarded(_on_device, name, case, cfg, dev, methods, rates)
