@@ -100,23 +100,42 @@ def _tiny() -> tuple[Any, TwoLayerReLU]:
 
 def _late_kernels(method: str) -> None:
     """The kernels a long run adds to a short one: the kernel trainer's heap and its flips
-    in place by several threads, and for
-    ``lr="auto"`` beyond the formed NTK matrix the sparse mat-vec both ways and the warm
-    start."""
+    in place by several threads, and for ``lr="auto"`` beyond the formed NTK matrix the
+    sparse mat-vec both ways and the warm start."""
+    if method == "kernel":
+        _heap_kernels()
+        _flips_in_place()
+    _ntk_kernels()
+
+
+def _heap_kernels() -> None:
+    """The kernel trainer's heap, which a short run of coherent data does not reach."""
+    keys, ids = np.empty(2), np.empty(2, dtype=np.int64)
+    size = _heap.push_all(keys, ids, 0, np.arange(2), np.zeros((2, SIGMA + 1)))
+    _heap.pop_due(keys, ids, size, 0.0)
+
+
+def _flips_in_place(by_rows: bool = False) -> None:
+    """The kernel trainer's flips written in place by several threads, which the tiny runs
+    apply by rows (from a fresh trainer: its set-up's kernels too); ``by_rows``: first
+    the flips by rows too (:func:`_helper`: the caller's wide run reaches them late)."""
+    tiny, model = _tiny()
+    X = tiny.X_train
+    t: Any = TRAINERS["kernel"](model, X, tiny.y_train, X @ X.T, "auto")
+    none = np.empty(0, dtype=np.int64)
+    flips = (none, none, np.empty(0), np.empty(0, np.bool_))
+    args = (t.store.seg, t.store.pool.arrays, t.u, t.H)
+    scalars = (t.a, t.G, t.b, t.scale, float(t.width))
+    if by_rows:
+        _flips.apply_flips_by_rows(*flips, *args, np.zeros_like(t.H), *scalars, none)
+    _flips._apply_flips(*flips, *args, *scalars, 2)
+
+
+def _ntk_kernels() -> None:
+    """For ``lr="auto"`` beyond the formed NTK matrix: the sparse mat-vec both ways and the
+    warm start (no trainer needed)."""
     tiny, model = _tiny()
     X, a = tiny.X_train, model.output_weights
-    if method == "kernel":
-        # its heap, which a short run of coherent data does not reach
-        keys, ids = np.empty(2), np.empty(2, dtype=np.int64)
-        size = _heap.push_all(keys, ids, 0, np.arange(2), np.zeros((2, SIGMA + 1)))
-        _heap.pop_due(keys, ids, size, 0.0)
-        # its flips written in place by several threads, which the tiny runs apply by rows
-        t: Any = TRAINERS["kernel"](model, X, tiny.y_train, X @ X.T, "auto")
-        none = np.empty(0, dtype=np.int64)
-        args = (t.store.seg, t.store.pool.arrays, t.u, t.H, t.a, t.G, t.b, t.scale)
-        _flips._apply_flips(
-            none, none, np.empty(0), np.empty(0, np.bool_), *args, float(t.width), 2
-        )
     indptr, idx = keys_to_csr(np.flatnonzero(model.W @ X.T >= model.b), model.m, X.shape[0])
     v = np.ones((X.shape[0], a.shape[1]))
     f32 = (X.astype(np.float32), a.astype(np.float32), v.astype(np.float32))
@@ -138,10 +157,24 @@ def _tiny_runs(train: Callable[..., Any], method: str, linear: bool) -> None:
 
 
 def _helper(method: str) -> None:
-    """What a helper process compiles into the cache while the caller compiles the rest:
-    the late kernels first, then the re-anchoring of the band trainers (which a short run
-    reaches last), reached directly from a fresh trainer."""
-    _late_kernels(method)
+    """What a helper process compiles into the cache while the caller compiles the rest,
+    in an order that complements the caller's (which trains :func:`_small`'s problem
+    first, then :func:`_tiny`'s): the late kernels that need no trainer; for the kernel
+    trainer :func:`_tiny`'s run, whose visits of a few rows take the serial visit
+    (``visit_few``, the caller's last long compilation) while the caller compiles the
+    parallel one, and its flips by rows and in place; the re-anchoring of the band
+    trainers (which a short run reaches last), from a fresh trainer."""
+    global _busy
+    if method == "kernel":
+        _heap_kernels()
+    _ntk_kernels()
+    if method == "kernel":
+        from ._train import train
+
+        _busy = True  # the run's own warm-up is this process's work
+        tiny, model = _tiny()
+        train(model, tiny.X_train, tiny.y_train, method=method, iters=3)
+        _flips_in_place(by_rows=True)
     small, model = _small()
     X = small.X_train
     trainer: Any = TRAINERS[method](model, X, small.y_train, X @ X.T, "auto")
