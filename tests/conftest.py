@@ -26,9 +26,9 @@ def pytest_configure(config):
     """Under ``-n`` (pytest-xdist), compile every trainer's kernels into numba's cache
     once, before the workers start, in two processes at a time.  Otherwise each worker
     and each command-line run a test starts compiles the same kernels while the cache is
-    cold, which on two cores is minutes of duplicated work.  The compilation itself is
-    tested from an empty cache folder of its own (``test_first_run.py``); this only
-    fills the cache every other test reads."""
+    cold, which on two cores is minutes of duplicated work.  Compiling from an empty or
+    damaged cache folder, or without one, is tested in folders of its own
+    (``test_edges.py``); this only fills the cache every other test reads."""
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
         return
     t0 = time.perf_counter()

@@ -117,8 +117,8 @@ def _heap_kernels() -> None:
 
 def _flips_in_place(by_rows: bool = False) -> None:
     """The kernel trainer's flips written in place by several threads, which the tiny runs
-    apply by rows (from a fresh trainer: its set-up's kernels too); ``by_rows``: first
-    the flips by rows too (:func:`_helper`: the caller's wide run reaches them late)."""
+    apply by rows (from a fresh trainer: its set-up's kernels too); with ``by_rows`` the
+    flips by rows first (:func:`_helper`: the caller's wide run reaches them late)."""
     tiny, model = _tiny()
     X = tiny.X_train
     t: Any = TRAINERS["kernel"](model, X, tiny.y_train, X @ X.T, "auto")
