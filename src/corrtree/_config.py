@@ -167,13 +167,13 @@ HEAP_BULK_DIV = 16
 # -- learning rate ---------------------------------------------------------------------
 
 #: A scattered read of G costs about as much as this many vectorized flops while G
-#: stays in the last-level cache (~10 ns against ~10 flops/ns): the NTK mat-vec and
-#: the band trainers' pair values read G or rebuild the Gram sums from X, whichever
-#: is cheaper by this exchange rate (:func:`scatter_cost`).
+#: stays in the last-level cache (~10 ns against ~10 flops/ns): ``lr="auto"``'s NTK
+#: mat-vec reads G or rebuilds the Gram sums from X, whichever is cheaper by this fixed
+#: exchange rate (:func:`scatter_cost`), so that every process and machine computes the
+#: same ``lr``.  The band trainers' visits, where only time depends on the route,
+#: measure the rate on the machine instead (:mod:`corrtree.training._calibrate`).
 SCATTER_COST = 50.0
-#: The same once G is too large for the cache (a miss to memory): on the n = 4096
-#: sphere (G: 128 MiB) the kernel trainer's whole run is 1.3× faster with this rate than
-#: with the one above; on W2 (32 MiB) the two rates give the same time.
+#: The same once G is too large for the cache (a miss to memory).
 SCATTER_COST_FAR = 200.0
 #: The kernel trainer evaluates a neuron's due pairs from the data (the move, then a
 #: dot product each: ``(|prefix| + due)·d`` flops) when the Gram identity's

@@ -213,14 +213,22 @@ def loglog_plot(
     plt.close(fig)
 
 
-def warm_kernels(method: str, outputs: int = 1, **options: Any) -> None:
-    """Load the method's compiled kernels (:func:`corrtree.warmup`), so that a timed run
-    that follows does not include it; ``options`` with ``momentum`` or ``weight_decay``
-    load those of the linear steps, with ``implicit`` those of an implicit model.
-    ``outputs`` is accepted for the callers' sake: the kernels do not depend on it."""
+def warm_kernels(
+    method: str, outputs: int = 1, X: np.ndarray | None = None, **options: Any
+) -> None:
+    """Load the method's compiled kernels (:func:`corrtree.warmup`) and, given the
+    run's inputs ``X``, measure the band trainers' exchange rate on them
+    (:func:`~corrtree.training._calibrate.scatter_cost`), so that a timed run that follows
+    includes neither, as :func:`corrtree.train` keeps both outside its clock; ``options``
+    with ``momentum`` or ``weight_decay`` load the kernels of the linear steps, with
+    ``implicit`` those of an implicit model.  ``outputs`` is accepted for the callers'
+    sake: the kernels do not depend on it."""
+    from ..training._calibrate import scatter_cost
     from ..training._train import train
     from ..training._warmup import ensure
 
     del outputs
     linear = bool(options.get("momentum") or options.get("weight_decay"))
     ensure(train, method, linear, bool(options.get("implicit")))
+    if X is not None and method in ("lazy", "kernel", "auto"):
+        scatter_cost(X @ X.T, X)

@@ -107,7 +107,7 @@ def run_one(
         ds = sphere(n=n, d=d, seed=seed)
         X, Y, outputs = ds.X_train, ds.y_train, 1
     if method != "torch":
-        warm_kernels(method, outputs, **(options or {}))
+        warm_kernels(method, outputs, X, **(options or {}))
     model = TwoLayerReLU.init(d=X.shape[1], m=m, outputs=outputs, seed=seed)
     if method == "torch":
         t0 = time.perf_counter()

@@ -108,7 +108,7 @@ def one_run(method: str, n: int, m: int, epochs: int, measured: int, budget: flo
             "loss": res["loss"],
             "peak_rss_gib": peak_rss_bytes() / 2**30,
         }
-    warm_kernels(method, Y.shape[1], batch_size=4, momentum=0.5)
+    warm_kernels(method, Y.shape[1], X, batch_size=4, momentum=0.5)
     t0 = time.perf_counter()
     fixed = method in ("dense", "dtree", "wtree")
     ended = [t0]

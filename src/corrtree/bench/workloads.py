@@ -135,7 +135,7 @@ def one_run(
             "loss": res["loss"],
             "peak_rss_gib": peak_rss_bytes() / 2**30,
         }
-    warm_kernels(method, K, implicit=implicit)
+    warm_kernels(method, K, X, implicit=implicit)
     run_iters = iters
     extrapolate = method in ("dense", "dtree", "wtree")
     if extrapolate:

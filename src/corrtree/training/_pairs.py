@@ -393,8 +393,8 @@ def data_dot(X, j, w):
 def by_data(d, ns, scatter):
     """Whether the values of a prefix of ``ns`` pairs are cheaper rebuilt from the
     data (``2·d·ns`` flops: the move, then one dot product a pair) than read from
-    ``G`` (``ns²/2`` scattered reads of ``scatter`` flops each,
-    :func:`~corrtree._config.scatter_cost`)."""
+    ``G`` (``ns²/2`` scattered reads of ``scatter`` flops each, measured by
+    :func:`~._calibrate.scatter_cost`)."""
     return 2 * d < scatter * (ns + 1) / 2
 
 

@@ -15,7 +15,7 @@ __all__ = ["Drifts", "EvalScalars", "FlipRecord", "RowResults", "VisitScalars"]
 
 #: The band trainers' evaluate step: the step scale ``η/sqrt m``, the threshold ``b``, the
 #: data radius ``R``, the certificate factor and the scatter cost of a Gram read
-#: (:func:`~corrtree._config.scatter_cost`).
+#: (:func:`~._calibrate.scatter_cost`, measured on the machine).
 EvalScalars = namedtuple("EvalScalars", ["eta_s", "b", "R", "cert", "scatter"])
 
 #: The kernel trainer's visit: :data:`EvalScalars`'s fields, the cost of a Gram read

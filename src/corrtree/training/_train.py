@@ -18,6 +18,7 @@ from .._threads import quiet_blas
 from .._validation import as_matrix
 from ..model import TwoLayerReLU
 from ._base import Trainer
+from ._calibrate import scatter_cost
 from ._choice import (
     alternatives,
     check_device,
@@ -379,6 +380,10 @@ def _make(
     if device is None:
         # the one-time loading (or compiling) of the method's kernels is not part of the run
         took = ensure(train, method, sgd.linear, model.implicit)
+        # nor is measuring this machine's exchange rate of the visits' routes
+        calibration = _calibrate_visits(method, G, X)
+        if calibration:
+            info["calibration_s"] = calibration
         trainer = TRAINERS[method](model, X, Y, G, lr, loss, **options)
     else:
         took = Warmup(0.0, 0)  # torch: nothing to compile ahead
@@ -502,11 +507,22 @@ def resume(
         if method in WARM_METHODS and dev is None
         else Warmup(0.0, 0)
     )
-    model, trainer, hist, meta = load_checkpoint(path, Xc, Y, Xc @ Xc.T, dev)
+    G = Xc @ Xc.T
+    calibration = _calibrate_visits(method, G, Xc) if dev is None else 0.0
+    model, trainer, hist, meta = load_checkpoint(path, Xc, Y, G, dev)
     hist.info["compile_s"], hist.info["compiled"] = took.seconds, took.compiled
+    if calibration:
+        hist.info["calibration_s"] = calibration
     if iters is not None:
         meta["iters"] = check_iters(iters)
     return model, _run(model, trainer, hist, meta, callback, checkpoint or path, run)
+
+
+def _calibrate_visits(method: str | None, G: np.ndarray, X: np.ndarray) -> float:
+    """For the band trainers, measure the exchange rate of their visits' routes
+    (:func:`~._calibrate.scatter_cost`, once per process and data shape) before the run's
+    clock starts; returns the seconds it took (0 when measured already)."""
+    return scatter_cost(G, X).seconds if method in ("lazy", "kernel") else 0.0
 
 
 def _holds_implicit(path: str | os.PathLike) -> bool:

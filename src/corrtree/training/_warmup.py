@@ -30,7 +30,7 @@ import numpy as np
 from .. import _jit
 from ..datasets import sphere
 from ..model import TwoLayerReLU
-from . import _flips, _heap, _ntk
+from . import _calibrate, _flips, _heap, _ntk
 from ._pool import SIGMA
 from ._registry import TRAINERS
 from ._sparse import keys_to_csr
@@ -159,12 +159,16 @@ def _tiny_runs(train: Callable[..., Any], method: str, linear: bool) -> None:
 def _helper(method: str) -> None:
     """What a helper process compiles into the cache while the caller compiles the rest,
     in an order that complements the caller's (which trains :func:`_small`'s problem
-    first, then :func:`_tiny`'s): the late kernels that need no trainer; for the kernel
+    first, then :func:`_tiny`'s): the loops that measure the visits' exchange rate
+    (:mod:`._calibrate`), which the caller reaches after its first set-up; the late
+    kernels that need no trainer; for the kernel
     trainer :func:`_tiny`'s run, whose visits of a few rows take the serial visit
     (``visit_few``, the caller's last long compilation) while the caller compiles the
     parallel one, and its flips by rows and in place; the re-anchoring of the band
     trainers (which a short run reaches last), from a fresh trainer."""
     global _busy
+    tiny, _ = _tiny()  # the caller measures its visits' exchange rate after its first set-up
+    _calibrate.scatter_cost(tiny.X_train @ tiny.X_train.T, tiny.X_train)
     if method == "kernel":
         _heap_kernels()
     _ntk_kernels()

@@ -18,6 +18,7 @@ from .._jit import njit
 from .._validation import available_memory
 from ._anchors import BandState
 from ._base import Trainer
+from ._calibrate import scatter_cost
 from ._pairs import (
     add_firing,
     by_data,
@@ -341,6 +342,7 @@ class BandTrainer(Trainer):
         self.flips = 0
         self.cert = float(_certificate_scale)
         self.evaluated = 0  # pairs computed exactly since the last History row
+        self._set_scatter()
         self.info.update(
             band=band,
             anchor_dtype=str(np.dtype(anchor_dtype)),
@@ -429,6 +431,14 @@ class BandTrainer(Trainer):
         self.flips = scalars["flips"]
         self.cert = scalars["cert"]
         self.evaluated = 0
+        self._set_scatter()
+
+    def _set_scatter(self) -> None:
+        """The exchange rate of the visits' two routes on this machine and data
+        (:func:`~._calibrate.scatter_cost`: measured once per process and data shape,
+        which :func:`corrtree.train` does before its clock starts)."""
+        self.scatter = scatter_cost(self.G, self.X).scatter
+        self.info["scatter_cost"] = self.scatter
 
     def _evaluate(
         self, rows: np.ndarray, err: np.ndarray, record: bool, parts: np.ndarray | None = None
@@ -443,7 +453,7 @@ class BandTrainer(Trainer):
             b=float(self.b),
             R=float(st.R),
             cert=float(self.cert),
-            scatter=float(_config.scatter_cost(st.n)),
+            scatter=self.scatter,
         )
         args = (*self._store_args(), err, self.G, self.X, st.xnorm, sc)
         if parts is None:

@@ -155,7 +155,7 @@ class KernelTrainer(BandTrainer):
             b=float(self.b),
             R=float(st.R),
             cert=float(self.cert),
-            scatter=float(_config.scatter_cost(st.n)),
+            scatter=self.scatter,
             gram_cost=float(_config.GRAM_ROW_COST),
             full=bool(full),
             ahead=float(ahead),

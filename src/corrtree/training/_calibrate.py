@@ -1,0 +1,185 @@
+"""The exchange rate of a visit's two routes, measured on this machine once per process.
+
+A neuron's ever-fired values come from the Gram identity (``|P|(|P|+1)/2`` scattered
+reads of ``G``, :func:`~._pairs.eval_ever`) or from the data (the move, then one dot
+product a pair: ``2·d·|P|`` contiguous multiply-adds, :func:`~._pairs.eval_ever_data`);
+:func:`~._pairs.by_data` takes the data when ``2·d < s·(|P| + 1)/2``, ``s`` the cost of
+one scattered read in multiply-adds.  ``s`` depends on the machine (cache sizes, memory
+latency, vector width) and on ``G``'s size (whether it stays in cache), so
+:func:`scatter_cost` measures it: both routes' loops, as the trainers compile them, over
+random prefixes of the run's own ``G`` and ``X``, a few milliseconds, once per process
+and data shape.  The routes give the same values to rounding and the certificates cover
+both, so the rate moves time only, never the trajectory beyond rounding.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+from .._jit import njit
+
+__all__ = ["SCATTER_COST_VAR", "Rate", "measured_rates", "scatter_cost"]
+
+#: the environment variable that fixes the rate instead of measuring it
+SCATTER_COST_VAR = "CORRTREE_SCATTER_COST"
+
+#: points of each random prefix the measurement evaluates, how many prefixes a call
+#: evaluates, and how many calls a timing takes, the best of ``TRIES`` timings
+PREFIX = 64
+PREFIXES = 128
+CALLS = 2
+TRIES = 3
+#: the measured rate is rounded to a power of two within these bounds, so that runs on
+#: one machine choose the same routes from process to process despite timing noise
+LOWEST, HIGHEST = 4.0, 4096.0
+
+
+class Rate(NamedTuple):
+    """A measured exchange rate: ``scatter`` (multiply-adds a scattered read of ``G``
+    costs, rounded), ``measured`` (before rounding), the seconds one read and one
+    multiply-add took, and ``seconds``, what measuring took (0 when it was cached)."""
+
+    scatter: float
+    measured: float
+    read_s: float
+    madd_s: float
+    seconds: float
+
+
+_RATES: dict[tuple[int, int], Rate] = {}
+
+
+@njit(cache=True, fastmath={"reassoc", "contract"})
+def _by_gram(G, points, dc, vals):  # pragma: no cover - compiled
+    """The Gram route's loop (:func:`~._pairs.eval_ever`) over each row of ``points``,
+    ``val[P] -= G[P, P]·dc``, reading the upper triangle
+    once."""
+    total = 0.0
+    ns = points.shape[1]
+    for k in range(points.shape[0]):
+        val = vals[k]
+        for q in range(ns):
+            val[q] = 0.0
+        for q in range(ns):
+            jp = points[k, q]
+            dp = dc[q]
+            ap = G[jp, jp] * dp
+            for q2 in range(q + 1, ns):
+                g = G[jp, points[k, q2]]
+                ap += g * dc[q2]
+                val[q2] -= g * dp
+            val[q] -= ap
+        total += val[ns - 1]
+    return total
+
+
+@njit(cache=True, fastmath={"reassoc", "contract"})
+def _by_data(X, points, dc, dws, vals):  # pragma: no cover - compiled
+    """The data route's loops (:func:`~._pairs.form_move`, then
+    :func:`~._pairs.eval_ever_data`'s dot products, four rows a pass) over each row of
+    ``points``."""
+    total = 0.0
+    ns = points.shape[1]
+    d = X.shape[1]
+    for k in range(points.shape[0]):
+        dw, val = dws[k], vals[k]
+        dw[:] = 0.0
+        q = 0
+        while q + 4 <= ns:
+            j0, j1, j2, j3 = points[k, q], points[k, q + 1], points[k, q + 2], points[k, q + 3]
+            c0, c1, c2, c3 = dc[q], dc[q + 1], dc[q + 2], dc[q + 3]
+            for t in range(d):
+                dw[t] += (c0 * X[j0, t] + c1 * X[j1, t]) + (c2 * X[j2, t] + c3 * X[j3, t])
+            q += 4
+        while q < ns:
+            for t in range(d):
+                dw[t] += dc[q] * X[points[k, q], t]
+            q += 1
+        q = 0
+        while q + 4 <= ns:
+            j0, j1, j2, j3 = points[k, q], points[k, q + 1], points[k, q + 2], points[k, q + 3]
+            t0 = t1 = t2 = t3 = 0.0
+            for t in range(d):
+                w = dw[t]
+                t0 += X[j0, t] * w
+                t1 += X[j1, t] * w
+                t2 += X[j2, t] * w
+                t3 += X[j3, t] * w
+            val[q], val[q + 1], val[q + 2], val[q + 3] = t0, t1, t2, t3
+            q += 4
+        while q < ns:
+            s = 0.0
+            for t in range(d):
+                s += X[points[k, q], t] * dw[t]
+            val[q] = s
+            q += 1
+        total += val[ns - 1]
+    return total
+
+
+def _seconds(run, calls: int) -> float:
+    """Seconds ``run(i)`` takes, the best of :data:`TRIES` timings of ``calls``
+    consecutive calls (each call on its own prefixes, so that no timing reads what an
+    earlier one brought into the cache)."""
+    best = math.inf
+    for k in range(TRIES):
+        t0 = time.perf_counter()
+        for i in range(calls):
+            run(k * calls + i)
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return best
+
+
+def measured_rates(G: np.ndarray, X: np.ndarray) -> tuple[float, float]:
+    """Seconds one scattered read of ``G`` and one multiply-add of the data route take in
+    the visits' loops, over random prefixes of the points, as many as a run's visits
+    read (:data:`PREFIXES` a call, each of :data:`PREFIX` points, fewer when ``n`` is
+    smaller), none read twice.  O(CALLS·PREFIXES·PREFIX·(PREFIX + d)); about 10-40 ms."""
+    n, d = X.shape
+    ns = min(PREFIX, n)
+    rng = np.random.default_rng(0)
+    # points drawn with replacement: a repeat in a prefix is rare and costs what it costs
+    points = rng.integers(0, n, (1 + TRIES * CALLS, PREFIXES, ns)).astype(np.int32)
+    dc = rng.standard_normal(ns)
+    val, dw = np.zeros((PREFIXES, ns)), np.zeros((PREFIXES, d))
+    _by_gram(G, points[-1], dc, val)  # loads (or compiles) the kernels: not timed
+    _by_data(X, points[-1], dc, dw, val)
+    gram_s = _seconds(lambda i: _by_gram(G, points[i], dc, val), CALLS)
+    data_s = _seconds(lambda i: _by_data(X, points[i], dc, dw, val), CALLS)
+    reads = PREFIXES * ns * (ns + 1) / 2
+    madds = PREFIXES * 2.0 * d * ns
+    return gram_s / reads, data_s / madds
+
+
+def scatter_cost(G: np.ndarray, X: np.ndarray) -> Rate:
+    """The multiply-adds one scattered read of ``G`` costs on this machine
+    (:class:`Rate`), measured the first time a process asks for data of this shape
+    (:func:`measured_rates`) and rounded to a power of two in ``[LOWEST, HIGHEST]``;
+    the number in the environment variable ``CORRTREE_SCATTER_COST``, when set, instead
+    (the same routes on every machine: runs that agree bit for bit where their
+    arithmetic does).  Cached: later calls cost nothing and report ``seconds = 0``."""
+    n, d = X.shape
+    fixed = os.environ.get(SCATTER_COST_VAR)
+    if fixed:
+        try:
+            s = float(fixed)
+        except ValueError:
+            s = math.nan
+        if not (s > 0 and math.isfinite(s)):
+            raise ValueError(f"{SCATTER_COST_VAR} must be a positive number, got {fixed!r}")
+        return Rate(s, s, math.nan, math.nan, 0.0)
+    key = (n, d)
+    if key in _RATES:
+        return _RATES[key]._replace(seconds=0.0)
+    t0 = time.perf_counter()
+    read_s, madd_s = measured_rates(G, X)
+    measured = read_s / madd_s
+    scatter = float(2.0 ** round(math.log2(min(max(measured, LOWEST), HIGHEST))))
+    rate = Rate(scatter, measured, read_s, madd_s, time.perf_counter() - t0)
+    _RATES[key] = rate
+    return rate

@@ -1,0 +1,100 @@
+"""The visits' exchange rate between their two routes, measured once per process
+(``corrtree.training._calibrate``)."""
+
+import math
+
+import numpy as np
+import pytest
+from test_lazy_kernel import _problem, _run, assert_same_trajectory
+
+from corrtree.training import _calibrate
+from corrtree.training._calibrate import SCATTER_COST_VAR, scatter_cost
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """No rate measured yet in this process, and none fixed by the environment."""
+    monkeypatch.setattr(_calibrate, "_RATES", {})
+    monkeypatch.delenv(SCATTER_COST_VAR, raising=False)
+
+
+def test_the_timed_loops_compute_both_routes_values():
+    """The two loops the rate is measured on do the routes' work, so the compiler cannot
+    drop it: ``-G[P, P]·dc`` by the Gram route and ``X_P·(X_Pᵀ·dc)`` from the data,
+    the same values where ``G = XXᵀ``."""
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((40, 7))
+    G = X @ X.T
+    points = rng.integers(0, 40, (5, 9)).astype(np.int32)
+    dc = rng.standard_normal(9)
+    gram_vals, data_vals = np.zeros((5, 9)), np.zeros((5, 9))
+    total = _calibrate._by_gram(G, points, dc, gram_vals)
+    _calibrate._by_data(X, points, dc, np.zeros((5, 7)), data_vals)
+    for k, P in enumerate(points):
+        np.testing.assert_allclose(gram_vals[k], -G[np.ix_(P, P)] @ dc, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(data_vals[k], X[P] @ (X[P].T @ dc), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(total, gram_vals[:, -1].sum(), rtol=1e-12)
+
+
+def test_the_rate_is_measured_once_per_process_and_shape(fresh):
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, 24))
+    G = X @ X.T
+    first = scatter_cost(G, X)
+    assert first.seconds > 0 and first.read_s > 0 and first.madd_s > 0
+    assert first.measured == pytest.approx(first.read_s / first.madd_s)
+    # a power of two within the bounds, the nearest to the measurement
+    assert _calibrate.LOWEST <= first.scatter <= _calibrate.HIGHEST
+    assert math.log2(first.scatter) == round(math.log2(first.scatter))
+    clipped = min(max(first.measured, _calibrate.LOWEST), _calibrate.HIGHEST)
+    assert abs(math.log2(first.scatter / clipped)) <= 0.5
+    again = scatter_cost(G, X)
+    assert again == first._replace(seconds=0.0)  # cached: nothing measured again
+    other = scatter_cost(G[:200, :200], X[:200])
+    assert other.seconds > 0  # another shape is measured on its own
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "0", "nan", "inf"])
+def test_a_fixed_rate_must_be_a_positive_number(fresh, monkeypatch, value):
+    monkeypatch.setenv(SCATTER_COST_VAR, value)
+    X = np.eye(3)
+    with pytest.raises(ValueError, match=f"^{SCATTER_COST_VAR} must be a positive number"):
+        scatter_cost(X @ X.T, X)
+
+
+def _pool_values(tmp_path, name, model0, X, y, method):
+    path = tmp_path / f"{name}.npz"
+    hist, W = _run(model0, X, y, method, iters=12, checkpoint=str(path), checkpoint_every=12)
+    with np.load(path) as data:
+        return hist, W, data["state_pool_val"].copy()
+
+
+@pytest.mark.parametrize("method", ["lazy", "kernel"])
+def test_the_visits_take_the_route_the_rate_chooses_and_keep_the_trajectory(
+    fresh, monkeypatch, tmp_path, method
+):
+    """With every value read from ``G`` (a rate of almost nothing) or rebuilt from the
+    data (an enormous one) the run is dense's.  The runs are deterministic, so the state
+    they hold differing (the routes evaluate at different times: from ``G`` a step may
+    be bounded by ``σ_r`` instead of evaluated) shows that each took its own route."""
+    X, y, model0 = _problem(80, 1500, 16, 1, 4, b_scale=0.8)
+    ref = _run(model0, X, y, "dense", iters=12)
+    held = {}
+    for rate in ("1e-9", "1e9"):
+        monkeypatch.setenv(SCATTER_COST_VAR, rate)
+        hist, W, held[rate] = _pool_values(tmp_path, rate, model0, X, y, method)
+        assert_same_trajectory(hist, W, *ref)
+        assert hist.info["scatter_cost"] == float(rate)
+        assert "calibration_s" not in hist.info  # fixed: nothing measured
+    gram, data = held["1e-9"], held["1e9"]
+    assert gram.shape == data.shape and not np.array_equal(gram, data)
+
+
+def test_a_run_measures_the_rate_before_its_clock_and_reports_it(fresh):
+    X, y, model0 = _problem(80, 1500, 16, 1, 4, b_scale=0.8)
+    hist, _ = _run(model0, X, y, "lazy", iters=3)
+    assert hist.info["calibration_s"] > 0
+    assert hist.info["scatter_cost"] == scatter_cost(X @ X.T, X).scatter
+    again, _ = _run(model0, X, y, "kernel", iters=3)
+    assert "calibration_s" not in again.info  # measured once per process
+    assert again.info["scatter_cost"] == hist.info["scatter_cost"]
