@@ -20,8 +20,8 @@ def fresh(monkeypatch):
 
 def test_the_timed_loops_compute_both_routes_values():
     """The two loops the rate is measured on do the routes' work, so the compiler cannot
-    drop it: ``-G[P, P]·dc`` by the Gram route and ``X_P·(X_Pᵀ·dc)`` from the data,
-    the same values where ``G = XXᵀ``."""
+    drop it: ``-G[P, P]·dc`` and the Gershgorin bound by the Gram route, and
+    ``X_P·(X_Pᵀ·dc)`` from the data, the same values where ``G = XXᵀ``."""
     rng = np.random.default_rng(3)
     X = rng.standard_normal((40, 7))
     G = X @ X.T
@@ -33,7 +33,8 @@ def test_the_timed_loops_compute_both_routes_values():
     for k, P in enumerate(points):
         np.testing.assert_allclose(gram_vals[k], -G[np.ix_(P, P)] @ dc, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(data_vals[k], X[P] @ (X[P].T @ dc), rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(total, gram_vals[:, -1].sum(), rtol=1e-12)
+    bounds = [np.abs(G[np.ix_(P, P)]).sum(axis=1).max() for P in points]  # Gershgorin's
+    np.testing.assert_allclose(total, gram_vals[:, -1].sum() + sum(bounds), rtol=1e-12)
 
 
 def test_the_rate_is_measured_once_per_process_and_shape(fresh):

@@ -3,13 +3,16 @@
 A neuron's ever-fired values come from the Gram identity (``|P|(|P|+1)/2`` scattered
 reads of ``G``, :func:`~._pairs.eval_ever`) or from the data (the move, then one dot
 product a pair: ``2·d·|P|`` contiguous multiply-adds, :func:`~._pairs.eval_ever_data`);
-:func:`~._pairs.by_data` takes the data when ``2·d < s·(|P| + 1)/2``, ``s`` the cost of
-one scattered read in multiply-adds.  ``s`` depends on the machine (cache sizes, memory
-latency, vector width) and on ``G``'s size (whether it stays in cache), so
-:func:`scatter_cost` measures it: both routes' loops, as the trainers compile them, over
-random prefixes of the run's own ``G`` and ``X``, a few milliseconds, once per process
-and data shape.  The routes give the same values to rounding and the certificates cover
-both, so the rate moves time only, never the trajectory beyond rounding.
+:func:`~._pairs.by_data` takes the data when ``2·d < s·(|P| + 1)/2``, ``s`` what one of
+those reads costs in multiply-adds.  The choice decides more than the values: a neuron
+on the Gram route bounds its steps by the Gershgorin ``σ_r`` (``|S|²`` more reads after
+each flip) where one on the data route takes a trace bound in O(|P|).  ``s`` depends on
+the machine (cache sizes, memory latency, vector width) and on ``G``'s size (whether it
+stays in cache), so :func:`scatter_cost` measures it: both routes' loops, as the trainers
+compile them, over random prefixes of the run's own ``G`` and ``X``, once per process and
+data shape; the Gram route's time, values and ``σ_r`` together, is priced per value read.
+The routes give the same values to rounding and the certificates cover both, so the rate
+moves time only, never the trajectory beyond rounding.
 """
 
 from __future__ import annotations
@@ -56,9 +59,11 @@ _RATES: dict[tuple[int, int], Rate] = {}
 
 @njit(cache=True, fastmath={"reassoc", "contract"})
 def _by_gram(G, points, dc, vals):  # pragma: no cover - compiled
-    """The Gram route's loop (:func:`~._pairs.eval_ever`) over each row of ``points``,
-    ``val[P] -= G[P, P]·dc``, reading the upper triangle
-    once."""
+    """The Gram route's reads of a visit over each row of ``points``: the values
+    (:func:`~._pairs.eval_ever`: ``val[P] = -G[P, P]·dc``, the upper triangle once) and
+    the Gershgorin bound of the step that follows a flip (:func:`~._pairs.sigma`: every
+    row's ``Σ|G|`` over the square), which the data route replaces by an O(|P|) trace
+    bound (:func:`~._clocks.sigma_of`).  Returns the sum of the last values and bounds."""
     total = 0.0
     ns = points.shape[1]
     for k in range(points.shape[0]):
@@ -74,7 +79,14 @@ def _by_gram(G, points, dc, vals):  # pragma: no cover - compiled
                 ap += g * dc[q2]
                 val[q2] -= g * dp
             val[q] -= ap
-        total += val[ns - 1]
+        best = 0.0
+        for q in range(ns):
+            jp = points[k, q]
+            row = 0.0
+            for q2 in range(ns):
+                row += abs(G[jp, points[k, q2]])
+            best = max(best, row)
+        total += val[ns - 1] + best
     return total
 
 
@@ -136,8 +148,9 @@ def _seconds(run, calls: int) -> float:
 
 
 def measured_rates(G: np.ndarray, X: np.ndarray) -> tuple[float, float]:
-    """Seconds one scattered read of ``G`` and one multiply-add of the data route take in
-    the visits' loops, over random prefixes of the points, as many as a run's visits
+    """Seconds one of the Gram route's ``|P|(|P|+1)/2`` value reads (with its share of
+    ``σ_r``'s, :func:`_by_gram`) and one multiply-add of the data route take in the
+    visits' loops, over random prefixes of the points, as many as a run's visits
     read (:data:`PREFIXES` a call, each of :data:`PREFIX` points, fewer when ``n`` is
     smaller), none read twice.  O(CALLS·PREFIXES·PREFIX·(PREFIX + d)); about 10-40 ms."""
     n, d = X.shape
