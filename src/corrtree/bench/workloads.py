@@ -187,6 +187,8 @@ def one_run(
         "implicit": implicit,
         "peak_rss_gib": peak_rss_bytes() / 2**30,
     }
+    if "scatter_cost" in hist.info:  # the visits' exchange rate measured on this machine
+        out["scatter_cost"] = hist.info["scatter_cost"]
     if done == iters and not extrapolate:  # untimed: the loss of the final weights, densely
         out["final_loss_dense"] = model.loss(X, Y if K > 1 else Y[:, 0], loss)
     if method == "kernel" and done:  # one nK × nK mat-vec, for the W1 target
