@@ -25,6 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .._jit import njit
+from ._pairs import data_dot, dot4, form_move
 
 __all__ = ["SCATTER_COST_VAR", "Rate", "measured_rates", "scatter_cost"]
 
@@ -97,38 +98,17 @@ def _by_data(X, points, dc, dws, vals):  # pragma: no cover - compiled
     ``points``."""
     total = 0.0
     ns = points.shape[1]
-    d = X.shape[1]
     for k in range(points.shape[0]):
-        dw, val = dws[k], vals[k]
-        dw[:] = 0.0
+        dw, val, ej = dws[k], vals[k], points[k]
+        form_move(dw, X, ej, dc, 0, ns)
         q = 0
         while q + 4 <= ns:
-            j0, j1, j2, j3 = points[k, q], points[k, q + 1], points[k, q + 2], points[k, q + 3]
-            c0, c1, c2, c3 = dc[q], dc[q + 1], dc[q + 2], dc[q + 3]
-            for t in range(d):
-                dw[t] += (c0 * X[j0, t] + c1 * X[j1, t]) + (c2 * X[j2, t] + c3 * X[j3, t])
+            val[q], val[q + 1], val[q + 2], val[q + 3] = dot4(
+                X, ej[q], ej[q + 1], ej[q + 2], ej[q + 3], dw
+            )
             q += 4
         while q < ns:
-            for t in range(d):
-                dw[t] += dc[q] * X[points[k, q], t]
-            q += 1
-        q = 0
-        while q + 4 <= ns:
-            j0, j1, j2, j3 = points[k, q], points[k, q + 1], points[k, q + 2], points[k, q + 3]
-            t0 = t1 = t2 = t3 = 0.0
-            for t in range(d):
-                w = dw[t]
-                t0 += X[j0, t] * w
-                t1 += X[j1, t] * w
-                t2 += X[j2, t] * w
-                t3 += X[j3, t] * w
-            val[q], val[q + 1], val[q + 2], val[q + 3] = t0, t1, t2, t3
-            q += 4
-        while q < ns:
-            s = 0.0
-            for t in range(d):
-                s += X[points[k, q], t] * dw[t]
-            val[q] = s
+            val[q] = data_dot(X, ej[q], dw)
             q += 1
         total += val[ns - 1]
     return total

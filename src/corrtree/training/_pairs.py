@@ -35,6 +35,7 @@ __all__ = [
     "coef",
     "coefficients",
     "data_dot",
+    "dot4",
     "dot_row",
     "eval_ever",
     "evaluate_neuron",
@@ -290,6 +291,19 @@ def form_move(dw, X, ej, dc, s0, end):
 
 
 @njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
+def dot4(X, j0, j1, j2, j3, w):
+    """``<x_j, w>`` for four points in one pass: they share the loads of ``w``.  O(d)."""
+    t0 = t1 = t2 = t3 = 0.0
+    for t in range(X.shape[1]):
+        v = w[t]
+        t0 += X[j0, t] * v
+        t1 += X[j1, t] * v
+        t2 += X[j2, t] * v
+        t3 += X[j3, t] * v
+    return t0, t1, t2, t3
+
+
+@njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
 def eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw, formed):
     """:func:`eval_ever` with the Gram sums rebuilt from the data: the move
     ``dw = Σ_l dc_l x_l`` since the anchor is formed once, in ``O(d·|P|)`` (unless
@@ -328,14 +342,7 @@ def eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw, formed):
     mag = 0.0  # Σ_l |dl_l|·(the magnitudes each value's rounding is relative to)
     q = s0
     while q + 4 <= end:  # four dot products a pass share the loads of dw
-        j0, j1, j2, j3 = ej[q], ej[q + 1], ej[q + 2], ej[q + 3]
-        t0 = t1 = t2 = t3 = 0.0
-        for t in range(d):
-            w = dw[t]
-            t0 += X[j0, t] * w
-            t1 += X[j1, t] * w
-            t2 += X[j2, t] * w
-            t3 += X[j3, t] * w
+        t0, t1, t2, t3 = dot4(X, ej[q], ej[q + 1], ej[q + 2], ej[q + 3], dw)
         sq_s, mag = _new_value(q, q - s0, t0, uref, val, dl, sq_s, mag)
         sq_s, mag = _new_value(q + 1, q + 1 - s0, t1, uref, val, dl, sq_s, mag)
         sq_s, mag = _new_value(q + 2, q + 2 - s0, t2, uref, val, dl, sq_s, mag)
