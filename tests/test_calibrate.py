@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from test_lazy_kernel import _problem, _run, assert_same_trajectory
 
-from corrtree.training import _calibrate
+import corrtree as ct
+from corrtree.training import _calibrate, _train
 from corrtree.training._calibrate import SCATTER_COST_VAR, scatter_cost
 
 
@@ -61,6 +62,14 @@ def test_a_fixed_rate_must_be_a_positive_number(fresh, monkeypatch, value):
     X = np.eye(3)
     with pytest.raises(ValueError, match=f"^{SCATTER_COST_VAR} must be a positive number"):
         scatter_cost(X @ X.T, X)
+
+    def never(*args, **kwargs):
+        raise AssertionError("kernels loaded before the rate was checked")
+
+    monkeypatch.setattr(_train, "ensure", never)  # refused before anything compiles
+    model = ct.TwoLayerReLU.init(d=3, m=16, seed=0)
+    with pytest.raises(ValueError, match=f"^{SCATTER_COST_VAR} must be a positive number"):
+        ct.train(model, X, np.ones(3), method="lazy", iters=1)
 
 
 def _pool_values(tmp_path, name, model0, X, y, method):

@@ -27,7 +27,7 @@ import numpy as np
 from .._jit import njit
 from ._pairs import data_dot, dot4, form_move
 
-__all__ = ["SCATTER_COST_VAR", "Rate", "measured_rates", "scatter_cost"]
+__all__ = ["SCATTER_COST_VAR", "Rate", "fixed_rate", "measured_rates", "scatter_cost"]
 
 #: the environment variable that fixes the rate instead of measuring it
 SCATTER_COST_VAR = "CORRTREE_SCATTER_COST"
@@ -149,6 +149,21 @@ def measured_rates(G: np.ndarray, X: np.ndarray) -> tuple[float, float]:
     return gram_s / reads, data_s / madds
 
 
+def fixed_rate() -> float | None:
+    """The rate :data:`SCATTER_COST_VAR` fixes (``None`` when it is unset or empty);
+    ``ValueError`` naming the variable unless it is a positive, finite number."""
+    fixed = os.environ.get(SCATTER_COST_VAR)
+    if not fixed:
+        return None
+    try:
+        s = float(fixed)
+    except ValueError:
+        s = math.nan
+    if not (s > 0 and math.isfinite(s)):
+        raise ValueError(f"{SCATTER_COST_VAR} must be a positive number, got {fixed!r}")
+    return s
+
+
 def scatter_cost(G: np.ndarray, X: np.ndarray) -> Rate:
     """The multiply-adds one scattered read of ``G`` costs on this machine
     (:class:`Rate`), measured the first time a process asks for data of this shape
@@ -157,14 +172,8 @@ def scatter_cost(G: np.ndarray, X: np.ndarray) -> Rate:
     (the same routes on every machine: runs that agree bit for bit where their
     arithmetic does).  Cached: later calls cost nothing and report ``seconds = 0``."""
     n, d = X.shape
-    fixed = os.environ.get(SCATTER_COST_VAR)
-    if fixed:
-        try:
-            s = float(fixed)
-        except ValueError:
-            s = math.nan
-        if not (s > 0 and math.isfinite(s)):
-            raise ValueError(f"{SCATTER_COST_VAR} must be a positive number, got {fixed!r}")
+    s = fixed_rate()
+    if s is not None:
         return Rate(s, s, math.nan, math.nan, 0.0)
     key = (n, d)
     if key in _RATES:

@@ -18,7 +18,7 @@ from .._threads import quiet_blas
 from .._validation import as_matrix
 from ..model import TwoLayerReLU
 from ._base import Trainer
-from ._calibrate import scatter_cost
+from ._calibrate import fixed_rate, scatter_cost
 from ._choice import (
     alternatives,
     check_device,
@@ -361,6 +361,7 @@ def _make(
     """The trainer of a one-process run (preprocessing, ``lr``) and its empty History;
     ``among``: the methods ``"auto"`` may choose (:func:`~._choice.runnable`)."""
     t0 = time.perf_counter()
+    fixed_rate()  # a bad CORRTREE_SCATTER_COST is refused before anything compiles
     info: dict[str, Any] = {}
     G = X @ X.T
     calibration = 0.0
