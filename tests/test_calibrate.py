@@ -72,6 +72,20 @@ def test_a_fixed_rate_must_be_a_positive_number(fresh, monkeypatch, value):
         ct.train(model, X, np.ones(3), method="lazy", iters=1)
 
 
+def test_a_resume_refuses_a_bad_rate_before_anything_loads(fresh, monkeypatch, tmp_path):
+    X, y, model0 = _problem(30, 200, 8, 1, 2)
+    path = tmp_path / "run.npz"
+    _run(model0, X, y, "lazy", iters=2, checkpoint=str(path), checkpoint_every=2)
+    monkeypatch.setenv(SCATTER_COST_VAR, "-3")
+
+    def never(*args, **kwargs):
+        raise AssertionError("kernels loaded before the rate was checked")
+
+    monkeypatch.setattr(_train, "ensure", never)
+    with pytest.raises(ValueError, match=f"^{SCATTER_COST_VAR} must be a positive number"):
+        ct.resume(path, X, y, iters=4)
+
+
 def _pool_values(tmp_path, name, model0, X, y, method):
     path = tmp_path / f"{name}.npz"
     hist, W = _run(model0, X, y, method, iters=12, checkpoint=str(path), checkpoint_every=12)

@@ -482,6 +482,7 @@ def resume(
         run = Run(SGD.from_meta(recorded, schedule), eval_set, run_loss)
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: bad optimizer ({exc})") from exc
+    fixed_rate()  # a bad CORRTREE_SCATTER_COST is refused before anything loads
     dev = None
     if device is not None:
         from .._device import resolve
