@@ -130,9 +130,9 @@ def _seconds(run, calls: int) -> float:
 def measured_rates(G: np.ndarray, X: np.ndarray) -> tuple[float, float]:
     """Seconds one of the Gram route's ``|P|(|P|+1)/2`` value reads (with its share of
     ``σ_r``'s, :func:`_by_gram`) and one multiply-add of the data route take in the
-    visits' loops, over random prefixes of the points, as many as a run's visits
-    read (:data:`PREFIXES` a call, each of :data:`PREFIX` points, fewer when ``n`` is
-    smaller), none read twice.  O(CALLS·PREFIXES·PREFIX·(PREFIX + d)); about 10-40 ms."""
+    visits' loops, over random prefixes of the points (:data:`PREFIXES` a call, each of
+    :data:`PREFIX` points, fewer when ``n`` is smaller), none read twice.
+    O(TRIES·CALLS·PREFIXES·PREFIX·(PREFIX + d)); 10-90 ms on the workloads."""
     n, d = X.shape
     ns = min(PREFIX, n)
     rng = np.random.default_rng(0)
