@@ -208,6 +208,25 @@ def test_gpu_benchmark_runs_on_the_cpu(tmp_path, monkeypatch):
     assert "| W5 | kernel | first " in text and "| float64 GEMM flop/s |" in text
 
 
+def test_gpu_benchmark_runs_take_two_steps_before_their_budget_stops_them():
+    """A device run past its budget stops and is extrapolated, but only after its second
+    step: on a slow or busy machine the per-step time and a model check still rest on
+    steps after the first."""
+    from corrtree.bench import gpu
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((64, 8))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    Y = rng.uniform(-1.0, 1.0, 64)
+    model = ct.TwoLayerReLU.init(8, 256, b=0.3, seed=0)
+    for method in ("dense", "kernel"):
+        run = gpu.device_run(X, Y, model, method, 0.5, 9, 3, "cpu", budget_s=0.0)
+        assert run["extrapolated"] and len(run["iteration_times"]) == gpu.MIN_STEPS, method
+        assert run["iteration_s"] == run["iteration_times"][1], method
+        whole = gpu.device_run(X, Y, model, method, 0.5, 9, 3, "cpu", budget_s=60.0)
+        assert len(whole["iteration_times"]) == (4 if method == "dense" else 9), method
+
+
 @pytest.mark.parametrize("method", ["lazy", "kernel"])
 @pytest.mark.parametrize("K", [1, 3])
 def test_device_band_trainers_follow_the_dense_trajectory(K, method):
