@@ -372,6 +372,14 @@ def test_visit_finds_every_crossing_and_evaluates_fewer(gram_cost, scatter, rank
         nflips, nevals, again = step
         assert not again.any()
         assert (st.nf[:, DRIFT] - drift0 >= true * (1 - 1e-9)).all()
+        if parts[0].shape[1]:  # the screen's residual drift bounds the residual move
+            Cref = np.zeros_like(C)
+            for r in rows:
+                s0, ns = st.seg[r, START], st.seg[r, SUPP]
+                Cref[r, pool.j[s0 : s0 + ns]] = pool.cref[s0 : s0 + ns]
+            dc, Z, delta = C - Cref, parts[0], parts[5]
+            quad = np.einsum("ri,ij,rj->r", dc, st.G - Z @ Z.T, dc) + delta * (dc * dc).sum(1)
+            assert (np.sqrt(np.maximum(quad, 0.0)) <= res_drift * (1 + 1e-12)).all()
         for r in rows:
             s0, cnt = st.seg[r, START], st.seg[r, CNT]
             j = pool.j[s0 : s0 + cnt]

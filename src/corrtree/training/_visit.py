@@ -56,6 +56,26 @@ def _screened_gap(uref, fire, zc, z, xn, b, residual, slack):
     return gap if gap > 0.0 and xn > 0 else 0.0
 
 
+@njit(cache=True, inline="always")
+def _residual_move(since, zc, l1_c, xall, sq_c, ns, d, delta):
+    """A bound on ``sqrt(dcᵀ (G_res + δI) dc)`` from the move since the anchor: ``since``
+    bounds ``sqrt(dcᵀ G dc)`` (and ``||Σ_l dc_l x_l||``), ``zc`` is ``Σ_l dc_l z_l``
+    formed in floating point, so ``dcᵀ G_res dc = dcᵀ G dc - ||Zᵀ dc||²``.  The terms
+    cover ``G``'s rounding against ``X`` (``γ_d·(Σ|dc_l|·||x_l||)²``), ``zc``'s
+    (``γ_{|P|+k}·Σ|dc_l|·||z_l||``, ``||z_l|| <= ||x_l||``) and the difference's own.
+    Where the principal part carries most of the move this is several times smaller than
+    the sum of the visits' step bounds that ``res_drift`` otherwise keeps.  O(k)."""
+    k = zc.shape[0]
+    scale = l1_c * xall
+    unit = (ns + d + k + 8) * _U64
+    zz = 0.0
+    for t in range(k):
+        zz += zc[t] * zc[t]
+    low = max(math.sqrt(zz) - 2.0 * unit * scale, 0.0)
+    quad = since * since * (1.0 + 4.0 * _U64) + 2.0 * unit * scale * scale - low * low
+    return math.sqrt(max(quad, 0.0) + delta * sq_c) * _ROUND_UP
+
+
 @njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
 def visit(r, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, work, rec, fpos):
     """Bring neuron ``r``, whose key has passed, to the current time (kernel trainer).
@@ -84,7 +104,10 @@ def visit(r, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, work, rec, fpo
     With principal directions, a due entry is first screened in O(k): its value is
     ``uref - <Σ_l dc_l z_l, z_j>`` within ``res_drift[r]·g_j`` (:func:`principal_parts`;
     ``res_drift`` sums the bounds on the residual part of each step since the anchor,
-    ``zc`` holds ``Σ_l dc_l z_l``), and an entry that stays on its side by more than that
+    and is cut to the exact residual part of the move since the anchor
+    (:func:`_residual_move`, O(k)) wherever a visit has that move's norm anyway: a
+    visit that computes the distance from its anchor, or forms the move for its due
+    values; ``zc`` holds ``Σ_l dc_l z_l``), and an entry that stays on its side by more than that
     and the rounding of both ways is not evaluated: its key becomes the drift plus that
     margin over ``||x_j||``.  Only the entries that may flip, or whose side is in doubt,
     are evaluated; the fire flags are the same.
@@ -140,6 +163,7 @@ def visit(r, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, work, rec, fpo
     l1 = 0.0
     l1_all = 0.0
     l1_c = 0.0
+    sq_c = 0.0
     xmax = 0.0
     xall = 0.0
     unvisited = True  # clast = cref: the step since the last visit is the move since the anchor
@@ -165,6 +189,7 @@ def visit(r, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, work, rec, fpo
         dcq = c - cref[q]
         dc[q - s0] = dcq
         l1_c += abs(dcq)
+        sq_c += dcq * dcq
         if k:
             gres2 += gres[j] * gres[j]
     proj = 0.0
@@ -188,7 +213,8 @@ def visit(r, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, work, rec, fpo
         for q in range(s0, end):
             if key[q] <= drift:
                 due += 1
-    if k and due:  # the screen's centre, Σ dc_l z_l: only a visit with due entries needs it
+    centred = k > 0 and due > 0
+    if centred:  # the screen's centre, Σ dc_l z_l: only a visit with due entries needs it
         for p in range(ns):
             dcq = dc[p]
             zj = Z[ej[s0 + p]]
@@ -243,6 +269,17 @@ def visit(r, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, work, rec, fpo
         if lite:
             skip = again  # the re-anchoring recomputes every value
             data = ns * gram_cost > d  # the due values: from the move, or from G
+        if k and not skip and res_drift[r] < np.inf:  # the residual part, exact
+            if not centred:
+                centred = True
+                for p in range(ns):
+                    dcq = dc[p]
+                    zj = Z[ej[s0 + p]]
+                    for t in range(k):
+                        zc[t] += dcq * zj[t]
+            exact_res = cert * _residual_move(since, zc, l1_c, xall, sq_c, ns, d, delta)
+            res_drift[r] = min(res_drift[r], exact_res)
+            res_now = res_drift[r]
     else:
         data = due * ns * gram_cost > (ns + due) * d
     best = np.inf
@@ -274,6 +311,10 @@ def visit(r, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, work, rec, fpo
         if data:
             if not fresh:  # a fresh visit formed the move since the anchor in dw
                 form_move(dw, X, ej, dc, s0, s0 + ns)
+                if k and res_drift[r] < np.inf:  # formed: its residual part, exact
+                    since = move_norm(dw, l1_c, xall, ns)
+                    exact_res = cert * _residual_move(since, zc, l1_c, xall, sq_c, ns, d, delta)
+                    res_drift[r] = min(res_drift[r], exact_res)
             for t in range(count):
                 values[t] = data_dot(X, due_at[1, t], dw)
         else:
