@@ -57,6 +57,17 @@ def _screened_gap(uref, fire, zc, z, xn, b, residual, slack):
 
 
 @njit(cache=True, inline="always")
+def _centre(zc, dc, Z, ej, s0, ns):
+    """``zc += Σ_l dc_l z_l`` over the prefix of ``ns`` entries from ``s0``: the move
+    since the anchor along the principal directions.  O(|prefix|·k)."""
+    for p in range(ns):
+        dcq = dc[p]
+        zj = Z[ej[s0 + p]]
+        for t in range(zc.shape[0]):
+            zc[t] += dcq * zj[t]
+
+
+@njit(cache=True, inline="always")
 def _residual_move(since, zc, l1_c, xall, sq_c, ns, d, delta):
     """A bound on ``sqrt(dcᵀ (G_res + δI) dc)`` from the move since the anchor: ``since``
     bounds ``sqrt(dcᵀ G dc)`` (and ``||Σ_l dc_l x_l||``), ``zc`` is ``Σ_l dc_l z_l``
@@ -215,11 +226,7 @@ def visit(r, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, work, rec, fpo
                 due += 1
     centred = k > 0 and due > 0
     if centred:  # the screen's centre, Σ dc_l z_l: only a visit with due entries needs it
-        for p in range(ns):
-            dcq = dc[p]
-            zj = Z[ej[s0 + p]]
-            for t in range(k):
-                zc[t] += dcq * zj[t]
+        _centre(zc, dc, Z, ej, s0, ns)
     fresh = full or (drift - anchor_drift[r]) * R >= nf[r, BETA]
     data = by_data(d, ns, scatter)
     if fresh or 2 * due >= end - s0:  # most values are due: all of them, and the exact step
@@ -271,12 +278,7 @@ def visit(r, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, work, rec, fpo
             data = ns * gram_cost > d  # the due values: from the move, or from G
         if k and not skip and res_drift[r] < np.inf:  # the residual part, exact
             if not centred:
-                centred = True
-                for p in range(ns):
-                    dcq = dc[p]
-                    zj = Z[ej[s0 + p]]
-                    for t in range(k):
-                        zc[t] += dcq * zj[t]
+                _centre(zc, dc, Z, ej, s0, ns)
             exact_res = cert * _residual_move(since, zc, l1_c, xall, sq_c, ns, d, delta)
             res_drift[r] = min(res_drift[r], exact_res)
             res_now = res_drift[r]
