@@ -38,7 +38,7 @@ from corrtree.training._principal import principal_parts
 from corrtree.training._reanchor import reanchor
 from corrtree.training._records import Drifts, EvalScalars, FlipRecord, RowResults, VisitScalars
 from corrtree.training._sparse import keys_to_csr, stepped_rows
-from corrtree.training._visit import visit_rows
+from corrtree.training._visit import rough_copy, visit_rows
 
 BAND = 0.4
 
@@ -319,6 +319,7 @@ def test_prefetch_hints_change_nothing_even_past_the_arrays_end():
 
 def _visit(st, rows, eta_s, parts, anchor_drift, res_drift, full, gram_cost, scatter):
     """:func:`visit_rows` on ``rows`` with flip records; ``R = 1``, ``P = 0``."""
+    X32, x32_err = rough_copy(st.X)
     n = rows.shape[0]
     fbuf = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(st.seg[rows, CNT], out=fbuf[1:])
@@ -328,10 +329,10 @@ def _visit(st, rows, eta_s, parts, anchor_drift, res_drift, full, gram_cost, sca
     again = np.zeros(n, dtype=np.bool_)
     sc = VisitScalars(
         eta_s=eta_s, b=st.b, R=1.0, cert=1.0, scatter=scatter, gram_cost=gram_cost,
-        full=full, ahead=0.0, P=0.0, per_p=0.4,
+        full=full, ahead=0.0, P=0.0, per_p=0.4, x32_err=x32_err,
     )  # fmt: skip
     visit_rows(
-        rows, st.seg, st.nf, st.pool.arrays, st.a, st.E, st.G, st.X, st.xnorm, parts, sc,
+        rows, st.seg, st.nf, st.pool.arrays, st.a, st.E, st.G, st.X, X32, st.xnorm, parts, sc,
         Drifts(anchor=anchor_drift, residual=res_drift),
         FlipRecord(start=fbuf, j=f_j, value=f_v, on=f_on),
         RowResults(nflips=nflips, nevals=nevals, again=again),
@@ -372,11 +373,15 @@ def test_visit_finds_every_crossing_and_evaluates_fewer(gram_cost, scatter, rank
         nflips, nevals, again = step
         assert not again.any()
         assert (st.nf[:, DRIFT] - drift0 >= true * (1 - 1e-9)).all()
+        Cref = np.zeros_like(C)
+        for r in rows:
+            s0, ns = st.seg[r, START], st.seg[r, SUPP]
+            Cref[r, pool.j[s0 : s0 + ns]] = pool.cref[s0 : s0 + ns]
+        # D_r - anchor_drift[r] bounds the distance from the anchor (moves formed from X's
+        # float32 copy included: their norms carry its error)
+        since = np.linalg.norm((C - Cref) @ st.X, axis=1)
+        assert (st.nf[:, DRIFT] - anchor_drift >= since * (1 - 1e-12)).all()
         if parts[0].shape[1]:  # the screen's residual drift bounds the residual move
-            Cref = np.zeros_like(C)
-            for r in rows:
-                s0, ns = st.seg[r, START], st.seg[r, SUPP]
-                Cref[r, pool.j[s0 : s0 + ns]] = pool.cref[s0 : s0 + ns]
             dc, Z, delta = C - Cref, parts[0], parts[5]
             quad = np.einsum("ri,ij,rj->r", dc, st.G - Z @ Z.T, dc) + delta * (dc * dc).sum(1)
             assert (np.sqrt(np.maximum(quad, 0.0)) <= res_drift * (1 + 1e-12)).all()
@@ -455,7 +460,7 @@ def test_own_clocks_bound_each_step_and_mark_the_due(K, move):
     due = np.zeros(st.m, dtype=np.bool_)
     sc = VisitScalars(
         eta_s=eta_s, b=st.b, R=st.R, cert=cert, scatter=0.0, gram_cost=0.0, full=False,
-        ahead=0.0, P=0.0, per_p=0.0,
+        ahead=0.0, P=0.0, per_p=0.0, x32_err=np.inf,
     )  # fmt: skip
     own_clocks(seg, nf, pool, st.a, err, st.xnorm, sc, anchor_drift, clock, due, st.X, move)
     tighter = 0
@@ -692,3 +697,18 @@ def test_stepped_rows_is_the_sparse_gradient_step():
     rows = np.flatnonzero(F.any(axis=1)).astype(np.int64)
     got = stepped_rows(W[rows], rows, indptr, idx, X, a, err, 0.3)
     np.testing.assert_allclose(got, sparse_step(W, F, X, a, err, 0.3)[rows], atol=1e-13)
+
+
+def test_rough_copy_bounds_its_rows():
+    """The float32 copy's error bound holds for every row (values float32 rounds, its
+    subnormals, zeros) and is tight; data float32 cannot hold gives no copy."""
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((50, 7)) * np.logspace(-42, 30, 50)[:, None]
+    X[3] = 0.0
+    X32, err = rough_copy(X)
+    assert X32.dtype == np.float32 and X32.shape == X.shape
+    gaps = np.linalg.norm(X32.astype(np.float64) - X, axis=1)
+    assert (gaps <= err).all() and err <= 1.01 * gaps.max() + 1e-290
+    X[7, 2] = 1e39  # beyond float32's range
+    X32, err = rough_copy(X)
+    assert X32.shape == (0, 7) and err == np.inf

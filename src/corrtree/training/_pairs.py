@@ -42,6 +42,7 @@ __all__ = [
     "firing_sums",
     "flip",
     "form_move",
+    "form_moves",
     "forward",
     "gram_block",
     "gram_sum",
@@ -272,7 +273,8 @@ def eval_ever(r, seg, pool, scratch, a, E, G, eta_s, want_step):
 @njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
 def form_move(dw, X, ej, dc, s0, end):
     """``dw = Σ_{s0 <= q < end} dc[q - s0]·x_{ej[q]}``, four rows a pass: a quarter of the
-    loads and stores of ``dw`` (the pass is bound by moving rows of X).  O(d·(end - s0))."""
+    loads and stores of ``dw`` (the pass is bound by moving rows of X, float64 or its
+    float32 copy, summed in float64).  O(d·(end - s0))."""
     d = X.shape[1]
     dw[:] = 0.0
     q = s0
@@ -287,6 +289,32 @@ def form_move(dw, X, ej, dc, s0, end):
         j0 = ej[q]
         for t in range(d):
             dw[t] += c0 * X[j0, t]
+        q += 1
+
+
+@njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
+def form_moves(dw, dv, X, ej, dc, dl, s0, end):
+    """:func:`form_move` of two coefficient vectors over the same rows in one pass,
+    ``dw = Σ_q dc[q - s0]·x_{ej[q]}`` and ``dv = Σ_q dl[q - s0]·x_{ej[q]}``: each row of
+    ``X`` (float64, or its float32 copy) is read once for both.  O(d·(end - s0))."""
+    d = X.shape[1]
+    dw[:] = 0.0
+    dv[:] = 0.0
+    q = s0
+    while q + 4 <= end:
+        j0, j1, j2, j3 = ej[q], ej[q + 1], ej[q + 2], ej[q + 3]
+        c0, c1, c2, c3 = dc[q - s0], dc[q + 1 - s0], dc[q + 2 - s0], dc[q + 3 - s0]
+        l0, l1, l2, l3 = dl[q - s0], dl[q + 1 - s0], dl[q + 2 - s0], dl[q + 3 - s0]
+        for t in range(d):
+            x0, x1, x2, x3 = X[j0, t], X[j1, t], X[j2, t], X[j3, t]
+            dw[t] += (c0 * x0 + c1 * x1) + (c2 * x2 + c3 * x3)
+            dv[t] += (l0 * x0 + l1 * x1) + (l2 * x2 + l3 * x3)
+        q += 4
+    while q < end:
+        c0, l0, j0 = dc[q - s0], dl[q - s0], ej[q]
+        for t in range(d):
+            dw[t] += c0 * X[j0, t]
+            dv[t] += l0 * X[j0, t]
         q += 1
 
 

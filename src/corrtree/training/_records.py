@@ -21,10 +21,12 @@ EvalScalars = namedtuple("EvalScalars", ["eta_s", "b", "R", "cert", "scatter"])
 #: The kernel trainer's visit: :data:`EvalScalars`'s fields, the cost of a Gram read
 #: against a flop (``gram_cost``), whether every ever-fired value is wanted (``full``),
 #: the steps still expected (``ahead``, :func:`~._clocks.lookahead`), the global clock
-#: ``P`` and the drift rate per unit of it (``per_p``).
+#: ``P``, the drift rate per unit of it (``per_p``) and how far a row of the float32 copy
+#: of X may lie from its row of X (``x32_err``, :func:`~._visit.rough_copy`; infinite
+#: when there is no copy).
 VisitScalars = namedtuple(
     "VisitScalars",
-    ["eta_s", "b", "R", "cert", "scatter", "gram_cost", "full", "ahead", "P", "per_p"],
+    ["eta_s", "b", "R", "cert", "scatter", "gram_cost", "full", "ahead", "P", "per_p", "x32_err"],
 )
 
 #: The kernel trainer's per-neuron drift marks: the drift at the last exact distance from

@@ -20,6 +20,7 @@ from ._pairs import (
     eval_ever_data,
     flip,
     form_move,
+    form_moves,
     gram_block,
     move_norm,
     needs_reanchor,
@@ -28,7 +29,7 @@ from ._pairs import (
 )
 from ._pool import BETA, CNT, DRIFT, KEY, MINKEY, SIGMA, SIGMA_UNKNOWN, START, SUPP
 
-__all__ = ["VisitScratch", "visit", "visit_few", "visit_rows"]
+__all__ = ["VisitScratch", "rough_copy", "visit", "visit_few", "visit_rows"]
 
 #: A thread's scratch space for :func:`visit`: the coefficient changes of a prefix
 #: (``coef``, 3 rows of ``n``), the due entries and their points (``due``), two moves in
@@ -38,6 +39,20 @@ VisitScratch = namedtuple("VisitScratch", ["coef", "due", "dw", "dws", "zw", "zc
 _ROUND_UP = _config.ROUND_UP
 _U64 = _config.U64
 _EVALUATE_CHUNKS = _config.EVALUATE_CHUNKS
+
+
+def rough_copy(X: np.ndarray) -> tuple[np.ndarray, float]:
+    """X in float32, and a bound on ``max_l ||x32_l - x_l||`` (the conversion's
+    error, measured, with its own rounding), for :func:`visit`'s moves that only
+    their norms are read from: half the bytes of X to stream.  Data that float32
+    cannot hold finitely gives an empty copy and an infinite bound (never used).
+    O(n·d)."""
+    with np.errstate(over="ignore"):
+        X32 = np.ascontiguousarray(X, dtype=np.float32)
+    if not np.isfinite(X32).all():
+        return np.zeros((0, X.shape[1]), dtype=np.float32), math.inf
+    gap = np.sqrt(np.square(X32.astype(np.float64) - X).sum(axis=1)).max(initial=0.0)
+    return X32, float(gap) * (1.0 + 4.0 * (X.shape[1] + 2) * _U64) + 1e-300
 
 
 @njit(cache=True, inline="always")
@@ -88,10 +103,11 @@ def _residual_move(since, zc, l1_c, xall, sq_c, ns, d, delta):
 
 
 @njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
-def visit(r, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, work, rec, fpos):
+def visit(r, seg, nf, pool, a, E, G, X, X32, xnorm, parts, sc, drifts, work, rec, fpos):
     """Bring neuron ``r``, whose key has passed, to the current time (kernel trainer).
 
-    ``parts``: :class:`~._principal.PrincipalParts`; ``sc``:
+    ``X32``: X in float32 (:func:`rough_copy`); ``parts``:
+    :class:`~._principal.PrincipalParts`; ``sc``:
     :data:`~._records.VisitScalars`; ``drifts``: :data:`~._records.Drifts`; ``work``:
     :data:`VisitScratch`; ``rec``: :data:`~._records.FlipRecord`, the flips recorded from
     ``fpos`` on.
@@ -133,17 +149,18 @@ def visit(r, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, work, rec, fpo
     (:func:`lookahead`).  From the data, unless ``full``, the distance is the norm of the
     move formed (:func:`~._pairs.move_norm`) and only the due values are computed, when
     they cost less than the ``|prefix|·d`` of all the ever-fired ones (``|prefix|``
-    reads of G against ``d`` flops a value).  On the first visit since the anchor the
-    step is that distance: a neuron re-anchored then computes no value.  Returns
-    ``(fpos + #flips, #values computed, whether to re-anchor)``; the values, keys
-    and ``nf[r, MINKEY]`` (over all entries) are current.  O(|prefix|·K + the
-    evaluated values).
+    reads of G against ``d`` flops a value); when those come from G, the step and the
+    move are formed in one pass from ``X32``, their norms enlarged by the copy's error.
+    On the first visit since the anchor the step is that distance: a neuron
+    re-anchored then computes no value.  Returns ``(fpos + #flips, #values computed,
+    whether to re-anchor)``; the values, keys and ``nf[r, MINKEY]`` (over all entries)
+    are current.  O(|prefix|·K + the evaluated values).
     """
     ej, uref, val, key, fire, clast, cref, kappa = (
         pool.j, pool.uref, pool.val, pool.key, pool.fire, pool.clast, pool.cref, pool.kappa
     )  # fmt: skip
     eta_s, b, R, cert, scatter = sc.eta_s, sc.b, sc.R, sc.cert, sc.scatter
-    gram_cost, full, ahead = sc.gram_cost, sc.full, sc.ahead
+    gram_cost, full, ahead, x32_err = sc.gram_cost, sc.full, sc.ahead, sc.x32_err
     anchor_drift, res_drift = drifts.anchor, drifts.residual
     scratch, due_at, dw, dws, zw, zc = work.coef, work.due, work.dw, work.dws, work.zw, work.zc
     f_j, f_v, f_on = rec.j, rec.value, rec.on
@@ -229,14 +246,31 @@ def visit(r, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, work, rec, fpo
         _centre(zc, dc, Z, ej, s0, ns)
     fresh = full or (drift - anchor_drift[r]) * R >= nf[r, BETA]
     data = by_data(d, ns, scatter)
+    # from the data, with few due values, the values come from the move (lite) or from G;
+    # from G, the moves formed are only read for their norms: from X's float32 copy, half
+    # the bytes of X to stream, each norm then larger by at most Σ|c_l|·x32_err
+    lite = data and not full and due * min(d, gram_cost * ns) < ns * d
+    rough = lite and ns * gram_cost <= d and x32_err < np.inf
+    formed = False  # whether dw holds the move since the anchor
     if fresh or 2 * due >= end - s0:  # most values are due: all of them, and the exact step
         fresh = True
         if data:  # ||Σ dl_l x_l||, formed; it errs by at most (|P| + d)·2⁻⁵³·Σ|dl|·max ||x||
-            form_move(dws, X, ej, dls, s0, s0 + ns)
+            formed = not unvisited  # the move since the anchor too, in the same pass
+            if rough and formed:
+                form_moves(dws, dw, X32, ej, dls, dc, s0, s0 + ns)
+            elif rough:
+                form_move(dws, X32, ej, dls, s0, s0 + ns)
+            elif formed:
+                form_moves(dws, dw, X, ej, dls, dc, s0, s0 + ns)
+            else:
+                form_move(dws, X, ej, dls, s0, s0 + ns)
             sqx = 0.0
             for t in range(d):
                 sqx += dws[t] * dws[t]
-            exact = (math.sqrt(sqx) + 4.0 * (ns + d + 4) * _U64 * l1_all * xall) * _ROUND_UP
+            exact = math.sqrt(sqx) + 4.0 * (ns + d + 4) * _U64 * l1_all * xall
+            if rough:  # ... and by Σ|dl_l|·||x32_l - x_l|| from the copy (rows <= xall·(1+u))
+                exact = (exact + 2.0 * l1_all * x32_err) * (1.0 + 4.0 * _U64)
+            exact *= _ROUND_UP
         else:  # dlᵀ G dl, |P|² reads
             sqx = 0.0
             gmax = 0.0
@@ -257,15 +291,16 @@ def visit(r, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, work, rec, fpo
     elif fresh:  # the exact distance from the anchor
         # from the data, the move formed and the due values only, while cheaper than
         # every ever-fired value (W4: 2·|prefix| against 784 a value)
-        lite = data and not full and due * min(d, gram_cost * ns) < ns * d
         if data and unvisited:  # the move since the anchor is the step, just formed in dws
             dw[:] = dws
         if lite:
-            if not unvisited:
-                form_move(dw, X, ej, dc, s0, s0 + ns)
             since = move_norm(dw, l1_c, xall, ns)
+            if rough:  # formed from the float32 copy
+                since = (since + 2.0 * l1_c * x32_err) * (1.0 + 4.0 * _U64) * _ROUND_UP
         elif data:
-            since, _ = eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw, unvisited)
+            since, _ = eval_ever_data(
+                r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw, unvisited or formed
+            )
         else:
             since, _ = eval_ever(r, seg, pool, scratch, a, E, G, eta_s, False)
         ever = not lite
@@ -346,7 +381,7 @@ def visit(r, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, work, rec, fpo
 
 
 @njit(cache=True)
-def _visit_range(rows, lo, hi, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, rec, out):
+def _visit_range(rows, lo, hi, seg, nf, pool, a, E, G, X, X32, xnorm, parts, sc, drifts, rec, out):
     """:func:`visit` for ``rows[lo:hi]`` on this thread, with its own scratch vectors;
     each gets its new key (:func:`heap_key`) unless it must be re-anchored
     (``out.again[k]``).  The flips of ``rows[k]`` are recorded at ``rec.start[k]`` on
@@ -367,7 +402,7 @@ def _visit_range(rows, lo, hi, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drif
             prefetch_segment(rows[k + 1], seg, pool, True)
         start = rec.start[k] if record else 0
         pos, out.nevals[k], out.again[k] = visit(
-            r, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, work, rec, start
+            r, seg, nf, pool, a, E, G, X, X32, xnorm, parts, sc, drifts, work, rec, start
         )
         out.nflips[k] = pos - start
         if not out.again[k]:
@@ -375,18 +410,20 @@ def _visit_range(rows, lo, hi, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drif
 
 
 @njit(cache=True, parallel=True)
-def visit_rows(rows, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, rec, out):
+def visit_rows(rows, seg, nf, pool, a, E, G, X, X32, xnorm, parts, sc, drifts, rec, out):
     """:func:`_visit_range` for every neuron of ``rows``, in parallel chunks (arguments
     as for :func:`visit`; ``out``: :data:`~._records.RowResults`)."""
     nrows = rows.shape[0]
     chunks = min(nrows, _EVALUATE_CHUNKS)
     for c in prange(chunks):
         lo, hi = c * nrows // chunks, (c + 1) * nrows // chunks
-        _visit_range(rows, lo, hi, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, rec, out)
+        _visit_range(
+            rows, lo, hi, seg, nf, pool, a, E, G, X, X32, xnorm, parts, sc, drifts, rec, out
+        )
 
 
 @njit(cache=True)
-def visit_few(rows, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, rec, out):
+def visit_few(rows, seg, nf, pool, a, E, G, X, X32, xnorm, parts, sc, drifts, rec, out):
     """:func:`visit_rows` on the calling thread, for a few rows (the same results)."""
     n = rows.shape[0]
-    _visit_range(rows, 0, n, seg, nf, pool, a, E, G, X, xnorm, parts, sc, drifts, rec, out)
+    _visit_range(rows, 0, n, seg, nf, pool, a, E, G, X, X32, xnorm, parts, sc, drifts, rec, out)

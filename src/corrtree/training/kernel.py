@@ -50,7 +50,7 @@ from ._pool import CNT, DRIFT, NFIRE, SUPP
 from ._principal import principal_parts
 from ._records import Drifts, VisitScalars
 from ._state import Field, Scalar, Schema, fail
-from ._visit import visit_few, visit_rows
+from ._visit import rough_copy, visit_few, visit_rows
 from .band import BAND_FIELDS, BAND_SCALARS, BandTrainer
 from .optim import LinearStep
 
@@ -102,13 +102,15 @@ class KernelTrainer(BandTrainer):
     def _set_parts(self) -> None:
         """:func:`principal_parts` of the data; whether own clocks may be used (on data
         with leading directions, :meth:`_choose_clock`), and they are to start with; what
-        building ``H`` anew by GEMMs costs (:func:`~._ntk.gemm_adds`, for :meth:`_apply`)."""
+        building ``H`` anew by GEMMs costs (:func:`~._ntk.gemm_adds`, for :meth:`_apply`);
+        X in float32 for the moves whose norms alone are read (:func:`rough_copy`)."""
         self._gemm_adds = gemm_adds(self.a, self.X.shape[0])
         self._parts = principal_parts(
             self.X, self.G, _config.PROJECTION_RANK, _config.PROJECTION_GAIN
         )
         self._coherent = self._own = self._parts.Z.shape[1] > 0
         self._due = np.zeros(self.m, dtype=np.bool_)
+        self._x32, self._x32_err = rough_copy(self.X)
 
     def _choose_clock(self, popped: np.ndarray) -> None:
         """Keep the clock whose iterations cost less: a neuron's own (:func:`own_clocks`,
@@ -161,6 +163,7 @@ class KernelTrainer(BandTrainer):
             ahead=float(ahead),
             P=float(self.P),
             per_p=float(self.per_p),
+            x32_err=self._x32_err,
         )
 
     def _drifts(self) -> Drifts:
@@ -303,7 +306,7 @@ class KernelTrainer(BandTrainer):
         :func:`lookahead`); returns the mask of the rows to re-anchor and the flips as
         ``(r, j, value, on)`` arrays."""
         st = self.store
-        args = (*self._store_args(), self.G, self.X, st.xnorm, self._parts)
+        args = (*self._store_args(), self.G, self.X, self._x32, st.xnorm, self._parts)
         args += (self._scalars(full, ahead), self._drifts())
         few = rows.shape[0] < _config.SERIAL_WORK  # waking the other threads costs more
         _, again, flips = self._in_groups(rows, True, visit_few if few else visit_rows, args)
