@@ -155,8 +155,9 @@ def memory_need(
     with ``linear`` steps), the products the paper's trees keep, the tracked pairs of the
     band trainers (``n·m·band_share`` pairs at the start, at
     :data:`~corrtree._config.POOL_BYTES_PER_PAIR`), their per-neuron tables, the kernel
-    trainer's ``nK × nK`` NTK matrix and float32 copy of ``X``, and ``G``.  With ``implicit`` (an implicit model,
-    band trainers only): the pairs at :data:`~corrtree._config.POOL_BYTES_PER_PAIR_IMPLICIT`,
+    trainer's ``nK × nK`` NTK matrix and float32 copy of ``X``, and ``G``.  With
+    ``implicit`` (an implicit model, band trainers only): the pairs at
+    :data:`~corrtree._config.POOL_BYTES_PER_PAIR_IMPLICIT`,
     a set-up block of regenerated rows, and the trained model's coefficients (12 bytes
     a pair, the tracked pairs bounding those that ever fire)."""
     K = outputs
