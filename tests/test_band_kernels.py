@@ -22,7 +22,7 @@ from corrtree import _config
 from corrtree.training import _pairs
 from corrtree.training._anchors import BandState, pair_dots
 from corrtree.training._clocks import own_clocks
-from corrtree.training._flips import apply_flips, apply_flips_by_rows
+from corrtree.training._flips import apply_flips, apply_flips_by_rows, is_symmetric
 from corrtree.training._pool import (
     BETA,
     CNT,
@@ -685,6 +685,22 @@ def test_apply_flips_by_rows_equals_the_writes_in_place(monkeypatch, K):
     np.testing.assert_allclose(Hr, H0, rtol=0, atol=1e-13)
     np.testing.assert_allclose(Hr, ntk(_fire_matrix(st), st.G, st.a), rtol=0, atol=1e-12)
     np.testing.assert_allclose(ur, u0, rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("n", [1, 2, 63, 64, 65, 130])
+def test_is_symmetric_is_array_equal_with_the_transpose(n):
+    rng = np.random.default_rng(n)
+    X = rng.standard_normal((n, 5))
+    G = X @ X.T  # symmetric to the bit
+    assert is_symmetric(G) and np.array_equal(G, G.T)
+    cells = [(n - 1, 0), (0, n - 1), (n // 2, n // 3), (n - 1, n - 1)] + [
+        tuple(rng.integers(0, n, 2)) for _ in range(10)
+    ]
+    for i, j in cells:  # one value a bit off, or NaN (unequal to itself)
+        for bad in (np.nextafter(G[i, j], np.inf), np.nan):
+            H = G.copy()
+            H[i, j] = bad
+            assert is_symmetric(H) == np.array_equal(H, H.T), (i, j, bad)
 
 
 def test_stepped_rows_is_the_sparse_gradient_step():

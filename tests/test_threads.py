@@ -34,6 +34,14 @@ for method in sys.argv[2:]:
     corrtree.train(model, X, y, method=method, iters=3, callback=lambda t, h: seen.append(blas()))
     out[method] = seen
 out["after"] = blas()
+with _threads.quiet_blas(True):  # a re-anchoring's GEMM inside the iterations
+    out["quiet"] = blas()
+    with _threads.full_blas(_threads.FULL_BLAS_FLOPS):
+        out["long_gemm"] = blas()
+    with _threads.full_blas(_threads.FULL_BLAS_FLOPS / 2):
+        out["short_gemm"] = blas()
+    out["quiet_again"] = blas()
+out["at_end"] = blas()
 print(json.dumps(out))
 """
 
@@ -59,9 +67,13 @@ def test_numpy_first_runs_band_iterations_with_one_blas_thread():
     assert out["lazy"] == [1, 1, 1] and out["kernel"] == [1, 1, 1]
     assert out["dense"] == [2, 2, 2]  # dense's iterations are GEMMs: all threads
     assert out["after"] == 2  # the limit is undone
+    # a GEMM long against OpenBLAS's spin takes every thread back for its call
+    assert (out["quiet"], out["long_gemm"], out["short_gemm"]) == (1, 2, 1)
+    assert out["quiet_again"] == 1 and out["at_end"] == 2
 
 
 def test_corrtree_first_keeps_blas_threads():
     out = _child("corrtree", "lazy")
     assert out["short_spin"] is True
     assert out["lazy"] == [2, 2, 2] and out["after"] == 2
+    assert (out["quiet"], out["long_gemm"], out["short_gemm"], out["at_end"]) == (2, 2, 2, 2)

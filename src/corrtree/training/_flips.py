@@ -11,7 +11,14 @@ from .. import _config
 from .._jit import njit
 from ._pool import NFIRE, START, SUPP
 
-__all__ = ["apply_flips", "apply_flips_by_rows", "flip_outputs", "flips_by_rows_cost", "new_h_cost"]
+__all__ = [
+    "apply_flips",
+    "apply_flips_by_rows",
+    "flip_outputs",
+    "flips_by_rows_cost",
+    "is_symmetric",
+    "new_h_cost",
+]
 
 _ROUND_UP = _config.ROUND_UP
 _U64 = _config.U64
@@ -204,6 +211,31 @@ def _rows_by_point(fr, fj, fon, order, bounds, ptr, sets, T, a, m):
                     for p in range(ptr[f], ptr[f + 1]):
                         row[sets[p] * K + k2] += w
                     row[j * K + k2] += 0.5 * w
+
+
+@njit(cache=True, parallel=True)
+def is_symmetric(G):
+    """Whether the square ``G`` equals its transpose to the bit (``np.array_equal(G,
+    G.T)``, NaN unequal), tile by tile: a strided read of ``G.T`` misses the cache once a
+    value (0.35 s at n = 4096), a tile of it once a line.  O(n²)."""
+    n = G.shape[0]
+    tile = 64
+    nb = (n + tile - 1) // tile
+    bad = np.zeros(nb, dtype=np.bool_)
+    for pb in prange(nb):
+        for qb in range(pb, nb):
+            for p in range(pb * tile, min((pb + 1) * tile, n)):
+                for q in range(
+                    max(qb * tile, p + 1) if qb == pb else qb * tile, min((qb + 1) * tile, n)
+                ):
+                    if not G[p, q] == G[q, p]:
+                        bad[pb] = True
+            if bad[pb]:
+                break
+        for p in range(pb * tile, min((pb + 1) * tile, n)):  # NaN: unequal to itself
+            if not G[p, p] == G[p, p]:
+                bad[pb] = True
+    return not bad.any()
 
 
 @njit(cache=True, parallel=True)

@@ -15,6 +15,7 @@ from numba import prange
 
 from .. import _config
 from .._jit import njit
+from .._threads import full_blas
 from ._anchors import (
     BandState,
     count_candidates,
@@ -61,10 +62,12 @@ def reanchor(
             # |products| <= ||w_r||·R: far from float32's overflow (a diverging run is not)
             if (err32 < _config.FLOAT32_SAFE_ERROR).all():  # exact values come below
                 leaves = st.buffer("leaves", (part.shape[0], st.n), np.float32)
-                np.matmul(w32, st.X32.T, out=leaves)
+                with full_blas(2.0 * leaves.size * w32.shape[1]):
+                    np.matmul(w32, st.X32.T, out=leaves)
                 leaf_err = err32
             else:
-                np.matmul(w, st.X.T, out=exact)
+                with full_blas(2.0 * exact.size * w.shape[1]):
+                    np.matmul(w, st.X.T, out=exact)
         else:
             _exact_rows(st, part, eta_s, exact)
             st.V[part] = exact

@@ -43,7 +43,14 @@ import numpy as np
 
 from .. import _config
 from ._clocks import anchor_keys, lookahead, own_clocks
-from ._flips import apply_flips, apply_flips_by_rows, flip_outputs, flips_by_rows_cost, new_h_cost
+from ._flips import (
+    apply_flips,
+    apply_flips_by_rows,
+    flip_outputs,
+    flips_by_rows_cost,
+    is_symmetric,
+    new_h_cost,
+)
 from ._heap import pop_due, push_all
 from ._ntk import gemm_adds, ntk_matrix
 from ._pool import CNT, DRIFT, NFIRE, SUPP
@@ -317,7 +324,7 @@ class KernelTrainer(BandTrainer):
         :data:`~corrtree._config.FLIP_SCRATCH_BYTES` and ``G`` symmetric to the bit."""
         if self._by_rows is None:
             self._by_rows = self.H.nbytes <= _config.FLIP_SCRATCH_BYTES and bool(
-                np.array_equal(self.G, self.G.T)
+                is_symmetric(self.G)
             )
         return self._by_rows
 
@@ -358,8 +365,8 @@ class KernelTrainer(BandTrainer):
         args = (self.a, self.G, self.b, self.scale, float(self.width))
         pool = st.pool.arrays
         if way == "rows":
-            if self._scratch is None:
-                self._scratch = np.zeros_like(self.H)
+            if self._scratch is None:  # calloc's pages: touched only where rows flip
+                self._scratch = np.zeros(self.H.shape)
             d_fired, d_moved = apply_flips_by_rows(
                 fr, fj, fv, fon, st.seg, pool, self.u, self.H, self._scratch, *args, points
             )
