@@ -115,7 +115,9 @@ def _exact_rows(st: BandState, part: np.ndarray, eta_s: float, exact: np.ndarray
         gram_rows(part[from_anchor], known, st.seg, st.pool.arrays, st.a, st.E, eta_s, st.G)
         exact[from_anchor] = known
     if not from_anchor.all():
-        exact[~from_anchor] = st.weights_of(part[~from_anchor], eta_s) @ st.X.T
+        w = st.weights_of(part[~from_anchor], eta_s)
+        with full_blas(2.0 * w.size * st.n):
+            exact[~from_anchor] = w @ st.X.T
 
 
 @njit(cache=True, parallel=True)
