@@ -56,6 +56,14 @@ def rough_copy(X: np.ndarray) -> tuple[np.ndarray, float]:
 
 
 @njit(cache=True, inline="always")
+def _rough(norm, l1, x32_err):
+    """A bound on the norm of ``Σ_l c_l x_l`` from ``norm``, that of the same sum over the
+    float32 copy (:func:`rough_copy`), ``l1 = Σ|c_l|``: ``norm + 2·l1·x32_err``, rounded
+    up (the copy's rows are within ``x32_err`` of X's, its norms within ``1 + u``)."""
+    return (norm + 2.0 * l1 * x32_err) * (1.0 + 4.0 * _U64)
+
+
+@njit(cache=True, inline="always")
 def _screened_gap(uref, fire, zc, z, xn, b, residual, slack):
     """How far beyond ``b``, on the side ``fire`` says, a value ``uref - <zc, z>`` within
     ``residual`` plus ``slack = (δ·||dc||_1, unit rounding, ||dc||_1·max ||x_l||)`` of
@@ -268,8 +276,8 @@ def visit(r, seg, nf, pool, a, E, G, X, X32, xnorm, parts, sc, drifts, work, rec
             for t in range(d):
                 sqx += dws[t] * dws[t]
             exact = math.sqrt(sqx) + 4.0 * (ns + d + 4) * _U64 * l1_all * xall
-            if rough:  # ... and by Σ|dl_l|·||x32_l - x_l|| from the copy (rows <= xall·(1+u))
-                exact = (exact + 2.0 * l1_all * x32_err) * (1.0 + 4.0 * _U64)
+            if rough:  # ... and by Σ|dl_l|·||x32_l - x_l|| from the copy
+                exact = _rough(exact, l1_all, x32_err)
             exact *= _ROUND_UP
         else:  # dlᵀ G dl, |P|² reads
             sqx = 0.0
@@ -296,7 +304,7 @@ def visit(r, seg, nf, pool, a, E, G, X, X32, xnorm, parts, sc, drifts, work, rec
         if lite:
             since = move_norm(dw, l1_c, xall, ns)
             if rough:  # formed from the float32 copy
-                since = (since + 2.0 * l1_c * x32_err) * (1.0 + 4.0 * _U64) * _ROUND_UP
+                since = _rough(since, l1_c, x32_err) * _ROUND_UP
         elif data:
             since, _ = eval_ever_data(
                 r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw, unvisited or formed
