@@ -170,6 +170,22 @@ def test_the_command_line_with_workers(tmp_path):
     assert both.returncode == 1 and "not both" in both.stderr
 
 
+@pytest.mark.parametrize("level", ["default", "WARNING"])
+def test_dask_log_lines_stay_off_the_terminal_by_default(level):
+    """An error that a worker logs (as Dask does when a heartbeat meets a scheduler
+    that has closed) reaches stderr only when the caller asks for Dask's logs."""
+    arg = "" if level == "default" else ", silence_logs=logging.WARNING"
+    code = (
+        "import logging; from corrtree.distributed import local_client; "
+        f"c = local_client(1{arg}); "
+        "c.run(lambda: logging.getLogger('distributed.worker').error('HEARTBEAT-LOST')); "
+        "cl = c.cluster; c.close(); cl.close()"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert ("HEARTBEAT-LOST" in proc.stderr) == (level == "WARNING"), proc.stderr
+
+
 def test_lr_auto_on_shards_beyond_the_formed_matrix(monkeypatch):
     """Lanczos on the summed shares of the sparse products (warm start included)
     gives the single-process lr within its tolerance."""

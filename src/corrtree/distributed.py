@@ -24,6 +24,7 @@ See ``docs/distributed.md``.
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import resource
@@ -356,9 +357,17 @@ class _InProcess:
         return [getattr(s, method)(*a) for s, a in zip(self.shards, args, strict=True)]
 
 
-def local_client(workers: int, threads: int = 1):
+def local_client(workers: int, threads: int = 1, silence_logs: int = logging.CRITICAL):
     """A ``LocalCluster`` of ``workers`` processes bound to 127.0.0.1 (no dashboard),
-    each limited to ``threads`` threads (numba and BLAS included), and its client."""
+    each limited to ``threads`` threads (numba and BLAS included), and its client.
+
+    ``silence_logs`` is the level below which Dask's own log lines (scheduler,
+    nanny, workers) stay off the terminal.  corrtree reports what goes wrong in a
+    worker as an exception in the driver (a shard's error, or :class:`WorkerLost`),
+    so by default only critical lines pass: a heartbeat cut short while the
+    cluster closes would otherwise print a traceback after a run's one-line error.
+    Give ``logging.WARNING`` (Dask's default) to see the cluster's own diagnostics.
+    """
     from dask.distributed import Client, LocalCluster
 
     limit = str(threads)
@@ -378,6 +387,7 @@ def local_client(workers: int, threads: int = 1):
         host="127.0.0.1",
         dashboard_address=None,
         env=env,
+        silence_logs=silence_logs,
     )
     client = Client(cluster)
     # the cluster returns once its worker processes start, which may be before each has
