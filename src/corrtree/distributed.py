@@ -386,6 +386,9 @@ def local_client(workers: int, threads: int = 1, silence_logs: int = logging.CRI
         processes=True,
         host="127.0.0.1",
         dashboard_address=None,
+        # the scheduler's HTTP server (health and metrics, no dashboard) on a free port:
+        # on Dask's default 8787 a second cluster on the machine warns over three lines
+        scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
         env=env,
         silence_logs=silence_logs,
     )
