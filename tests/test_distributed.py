@@ -188,6 +188,20 @@ def test_dask_log_lines_stay_off_the_terminal_by_default(level):
     assert "already in use" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"workers": 0}, "workers"),
+        ({"threads": 0}, "threads"),
+        ({"silence_logs": "loud"}, "silence_logs"),
+    ],
+)
+def test_local_client_refuses_bad_arguments_before_starting(kwargs, name):
+    with pytest.raises((ValueError, TypeError), match=name) as err:
+        local_client(**{"workers": 1, **kwargs})
+    assert "\n" not in str(err.value)
+
+
 def test_lr_auto_on_shards_beyond_the_formed_matrix(monkeypatch):
     """Lanczos on the summed shares of the sparse products (warm start included)
     gives the single-process lr within its tolerance."""

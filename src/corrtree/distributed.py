@@ -368,6 +368,12 @@ def local_client(workers: int, threads: int = 1, silence_logs: int = logging.CRI
     cluster closes would otherwise print a traceback after a run's one-line error.
     Give ``logging.WARNING`` (Dask's default) to see the cluster's own diagnostics.
     """
+    workers = _validation.check_positive_int("workers", workers)
+    threads = _validation.check_positive_int("threads", threads)
+    if isinstance(silence_logs, bool) or not isinstance(silence_logs, int):
+        raise TypeError(
+            f"silence_logs must be a logging level such as logging.WARNING, got {silence_logs!r}"
+        )
     from dask.distributed import Client, LocalCluster
 
     limit = str(threads)
