@@ -8,11 +8,13 @@ those reads costs in multiply-adds.  The choice decides more than the values: a 
 on the Gram route bounds its steps by the Gershgorin ``σ_r`` (``|S|²`` more reads after
 each flip) where one on the data route takes a trace bound in O(|P|).  ``s`` depends on
 the machine (cache sizes, memory latency, vector width) and on ``G``'s size (whether it
-stays in cache), so :func:`scatter_cost` measures it: both routes' loops, as the trainers
-compile them, over random prefixes of the run's own ``G`` and ``X``, once per process and
-data shape; the Gram route's time, values and ``σ_r`` together, is priced per value read.
-The routes give the same values to rounding and the certificates cover both, so the rate
-moves time only, never the trajectory beyond rounding.
+stays in cache), so :func:`scatter_cost` measures it: both routes' loops, compiled as
+the lazy trainer's evaluation compiles them (reassociated sums; the kernel trainer's
+visits, compiled without, took the same time), over random prefixes of the run's own
+``G`` and ``X``, once per process and data shape; the Gram route's time, values and
+``σ_r`` together, is priced per value read.  The routes give the same values to
+rounding and the certificates cover both, so the rate moves time only, never the
+trajectory beyond rounding.
 """
 
 from __future__ import annotations
