@@ -104,7 +104,7 @@ def gram_sum(G, j, ej, dc, s0, ns):
     return (a0 + a1) + (a2 + a3)
 
 
-@njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
+@njit(cache=True, inline="always")  # inlined into the visit: its flags rule (none)
 def gram_block(G, ej, dc, s0, ns, js, count, acc):
     """``acc[t] = Σ_{p<ns} dc[p] · G[ej[s0+p], js[t]]`` for ``t < count``: the values of
     many pairs of one neuron at once, each of its prefix rows of G read once at the

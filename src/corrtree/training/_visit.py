@@ -113,9 +113,9 @@ def _residual_move(since, zc, l1_c, xall, sq_c, ns, d, delta):
 # Inlined into :func:`_visit_range`, the visit runs with that function's floating-point
 # flags (numba inlines at the IR level; the flags an inlined function declares are
 # dropped), and so do the helpers it inlines (form_move(s), gram_block, dot4,
-# eval_ever_data), which the lazy trainer's evaluate_rows compiles with reassoc and
-# contract. Without them here: with them the visits took the same time (docs/design.md),
-# and the screen's `later > drift` test stays an IEEE comparison.
+# eval_ever_data; the lazy trainer's evaluate_rows compiles those it shares with reassoc
+# and contract). None here: with them the visits took the same time (docs/design.md), and
+# the screen's `later > drift` test stays an IEEE comparison.
 @njit(cache=True, inline="always")
 def visit(r, seg, nf, pool, a, E, G, X, X32, xnorm, parts, sc, drifts, work, rec, fpos):
     """Bring neuron ``r``, whose key has passed, to the current time (kernel trainer).
