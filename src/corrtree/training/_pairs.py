@@ -292,7 +292,7 @@ def form_move(dw, X, ej, dc, s0, end):
         q += 1
 
 
-@njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
+@njit(cache=True, inline="always")  # inlined into the visit: its flags rule (none)
 def form_moves(dw, dv, X, ej, dc, dl, s0, end):
     """:func:`form_move` of two coefficient vectors over the same rows in one pass,
     ``dw = Σ_q dc[q - s0]·x_{ej[q]}`` and ``dv = Σ_q dl[q - s0]·x_{ej[q]}``: each row of
