@@ -206,6 +206,35 @@ def test_pair_dots_are_the_products_of_the_pairs():
     np.testing.assert_allclose(out, np.einsum("pi,pi->p", W[wi], X[xj]), rtol=1e-13, atol=1e-13)
 
 
+@pytest.mark.parametrize("K", [1, 3])
+def test_coefficients_are_kappa_plus_the_summed_errors_while_firing(K):
+    """``C_rl = κ_rl + η_s·<a_r, E_l>`` while (r, l) fires, else ``κ_rl``: both forms
+    (:func:`_pairs.coef_eager` forms the dot product for every entry), bit for bit; an
+    infinite ``E_l`` at a point where no pair fires reaches no coefficient."""
+    st, rng = _state(8, K=K)
+    eta_s = _perturb(st, rng)
+    pool = st.pool.arrays
+    fire = pool.fire.copy()
+    quiet = pool.j[st.seg[0, START]]  # no pair fires at this point; E there is infinite
+    fire[pool.j == quiet] = False
+    st.E[quiet] = np.inf
+    seen = [0, 0]
+    for r in range(st.m):
+        s0, ns = st.seg[r, START], st.seg[r, SUPP]
+        for q in range(s0, s0 + ns):
+            j = int(pool.j[q])
+            want = pool.kappa[q]
+            if fire[q]:
+                dot = 0.0
+                for k in range(K):  # dot_row's order
+                    dot += st.a[r, k] * st.E[j, k]
+                want += eta_s * dot
+            for f in (_pairs.coef, _pairs.coef_eager):
+                assert f(q, r, pool.kappa, fire, pool.j, st.a, st.E, eta_s) == want
+            seen[bool(fire[q])] += 1
+    assert min(seen) > 10 and np.isfinite(st.E).sum() < st.E.size
+
+
 def test_gram_sum_is_the_gram_weighted_sum():
     rng = np.random.default_rng(2)
     G = rng.standard_normal((9, 9))

@@ -33,6 +33,7 @@ __all__ = [
     "add_firing",
     "by_data",
     "coef",
+    "coef_eager",
     "coefficients",
     "data_dot",
     "dot4",
@@ -83,6 +84,21 @@ def coef(q, r, kappa, fire, ej, a, E, eta_s):
     c = kappa[q]
     if fire[q]:
         c += eta_s * dot_row(a, r, E, ej[q])
+    return c
+
+
+@njit(cache=True, inline="always")
+def coef_eager(q, r, kappa, fire, ej, a, E, eta_s):
+    """:func:`coef`, with ``<a_r, E_l>`` formed for every entry (K multiply-adds more
+    for a pair that does not fire).  For a long function with many branches: numba
+    counts a reference to each array an inlined function takes, and where that
+    function reads an array only inside a branch the count is not pruned, so
+    :func:`coef` there costs three increments and six decrements an entry (the kernel
+    trainer's visit: 15% of its time on breast cancer, ``docs/design.md``)."""
+    s = dot_row(a, r, E, ej[q])
+    c = kappa[q]
+    if fire[q]:
+        c += eta_s * s
     return c
 
 

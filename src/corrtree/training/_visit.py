@@ -14,7 +14,7 @@ from .._jit import njit
 from ._clocks import entry_key, heap_key, sigma_of
 from ._pairs import (
     by_data,
-    coef,
+    coef_eager,
     data_dot,
     eval_ever,
     eval_ever_data,
@@ -210,7 +210,7 @@ def visit(r, seg, nf, pool, a, E, G, X, X32, xnorm, parts, sc, drifts, work, rec
     xall = 0.0
     unvisited = True  # clast = cref: the step since the last visit is the move since the anchor
     for q in range(s0, s0 + ns):
-        c = coef(q, r, kappa, fire, ej, a, E, eta_s)
+        c = coef_eager(q, r, kappa, fire, ej, a, E, eta_s)
         unvisited &= clast[q] == cref[q]
         dl = c - clast[q]
         dls[q - s0] = dl
