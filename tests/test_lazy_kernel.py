@@ -111,7 +111,9 @@ def test_values_from_g_or_from_the_data_keep_the_trajectory(monkeypatch, method,
     X, y, model0 = _problem(60, 1200, 40, 2, 6, b_scale=0.8)
     ref = _run(model0, X, y, "dense", iters=25)
     monkeypatch.setattr(ct._config, "SCATTER_COST", scatter)
-    hist, W = _run(model0, X, y, method, iters=25, band=0.2)
+    # the lazy trainer's route by the moves reads no G: its coefficient route here
+    opts = {"moves": False} if method == "lazy" else {}
+    hist, W = _run(model0, X, y, method, iters=25, band=0.2, **opts)
     assert_same_trajectory(hist, W, *ref)
     assert sum(hist.flips) > 0 and sum(hist.reanchored) > 0
 
@@ -381,3 +383,80 @@ def test_pool_in_small_page_memory_keeps_the_trajectory(monkeypatch, method):
     hist, W = _run(model0, X, y, method, iters=15)
     assert_same_trajectory(hist, W, *ref)
     assert sum(hist.flips) > 0
+
+
+@pytest.mark.parametrize("moves", [True, False])
+@pytest.mark.parametrize(
+    ("outputs", "loss", "band", "steps"),
+    [
+        (1, "squared", None, {}),
+        (3, "squared", 0.05, {}),  # tiny bands: re-anchoring all the time
+        (3, "cross_entropy", None, {"batch_size": 16, "shuffle_seed": 3}),
+        (1, "logistic", 0.2, {"batch_size": 20, "schedule": "cosine"}),
+        (2, "squared", 0.2, {"momentum": 0.5}),  # linear steps: the moves are handed back
+    ],
+)
+def test_lazy_moves_and_coefficients_keep_the_trajectory(moves, outputs, loss, band, steps):
+    """The lazy trainer's two routes (each neuron's move since its anchor kept and
+    stepped, or rebuilt from the coefficients every step) follow dense, with K = 1 and
+    3, every loss, mini-batches, schedules and momentum."""
+    X, y, model0 = _problem(60, 1500, 12, outputs, 4, b_scale=0.8)
+    if loss != "squared":
+        y = np.argmax(y, axis=1) if outputs > 1 else (y > np.median(y)).astype(float)
+    opts = {"iters": 18, "loss": loss, **steps}
+    ref = _run(model0, X, y, "dense", **opts)
+    hist, W = _run(model0, X, y, "lazy", band=band, moves=moves, **opts)
+    if "batch_size" in steps:  # the histories count pairs differently: losses and W
+        np.testing.assert_allclose(hist.loss, ref[0].loss, rtol=1e-9)
+        assert np.linalg.norm(W - ref[1]) <= 1e-9 * np.linalg.norm(ref[1])
+    else:
+        assert_same_trajectory(hist, W, *ref)
+    assert hist.info["moves"] is (moves and "momentum" not in steps)
+    assert sum(hist.flips) > 0
+    if band == 0.05:
+        assert sum(hist.reanchored) > 0
+
+
+@pytest.mark.parametrize("moves", [True, False])
+def test_too_tight_certificate_is_caught_on_either_lazy_route(moves):
+    X, y, model0 = _problem(60, 1500, 16, 1, 2)
+    ref = _run(model0, X, y, "dense", iters=15)
+    hist, W = _run(model0, X, y, "lazy", iters=15, moves=moves, _certificate_scale=0.3)
+    with pytest.raises(AssertionError):
+        assert_same_trajectory(hist, W, *ref)
+
+
+def test_lazy_moves_are_the_coefficients_moves_after_reanchoring():
+    """Each neuron's kept move is ``Σ_l (C_rl - cref_rl)·x_l`` to rounding, re-anchored
+    neurons (whose moves start again from zero) included, and the drift bounds it."""
+    from corrtree.training import _pool
+    from corrtree.training.lazy import LazyTrainer
+
+    X, y, model0 = _problem(50, 800, 10, 2, 9, b_scale=0.8)
+    model = ct.TwoLayerReLU(model0.W, model0.a, model0.b)
+    trainer = LazyTrainer(model, X, y, X @ X.T, 0.5, band=0.1)
+    reanchored = 0
+    for _ in range(12):
+        err = trainer.outputs() - y
+        reanchored += trainer.advance(err)["reanchored"]
+    assert reanchored > 0
+    st = trainer.store
+    indptr, cols, coef, _ = trainer.implicit_update()
+    seg, pool = st.seg, st.pool.arrays
+    for r in range(trainer.m):
+        s0, ns = seg[r, _pool.START], seg[r, _pool.SUPP]
+        j = pool.j[s0 : s0 + ns]
+        assert np.array_equal(np.sort(j), np.sort(cols[indptr[r] : indptr[r + 1]]))
+        c = dict(zip(cols[indptr[r] : indptr[r + 1]], coef[indptr[r] : indptr[r + 1]], strict=True))
+        dc = np.array([c[jj] for jj in j]) - pool.cref[s0 : s0 + ns]
+        want = dc @ X[j]
+        np.testing.assert_allclose(st.move[r], want, rtol=0, atol=1e-12 * (1 + np.abs(want).max()))
+        assert np.linalg.norm(want) <= st.nf[r, _pool.DRIFT] * (1 + 1e-9) + 1e-15
+
+
+@pytest.mark.parametrize(("value", "implicit"), [("yes", False), (1, False), (True, True)])
+def test_bad_moves_option(value, implicit):
+    X, y, _ = _problem(20, 64, 4, 1, 0)
+    model = ct.TwoLayerReLU.init(d=4, m=64, seed=1, implicit=implicit)
+    with pytest.raises(ValueError, match="moves"):
+        ct.train(model, X, y, method="lazy", iters=1, moves=value)

@@ -200,6 +200,13 @@ OWN_CLOCK_LEAVE = 0.05
 #: 40.2 s without, 22.2 and 28.2 s with, side by side; at d = 30, W5, it did not pay:
 #: 12.3 and 14.6 s without, 14.7 and 15.2 s with).
 OWN_CLOCK_MOVE_DIM = 16
+#: Up to this many features the lazy trainer keeps each neuron's move since its anchor,
+#: ``Σ_l (C_rl - cref_rl)·x_l``, as an (m, d) array and adds its exact step to it
+#: (``d`` multiply-adds a firing pair), instead of rebuilding it from the coefficients of
+#: every pair that ever fired; it evaluates only the firing pairs and the others whose
+#: key passed (``docs/design.md``, "The lazy trainer").  Not for implicit models (the
+#: array is ``8·m·d`` bytes).
+LAZY_MOVE_MAX_DIM = 64
 #: Nanoseconds a flip's write into the kernel trainer's H takes in place (its row and
 #: column, a cache miss each: W2, n = 2048, 4.1e6 writes took 0.17 s): the one price
 #: of that write, for the trainer's choice of how to apply flips and for the cost model.

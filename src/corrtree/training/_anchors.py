@@ -333,6 +333,8 @@ class BandState:
         self.R = float(self.xnorm.max())
         self._x32: np.ndarray | None = None
         self._buffers: dict[str, np.ndarray] = {}
+        # the lazy trainer's moves since the anchors, (m, d) while it keeps them
+        self.move = np.zeros((0, X.shape[1]))
 
     def buffer(self, name: str, shape: tuple[int, ...], dtype: type = np.float64) -> np.ndarray:
         """Scratch array ``name`` of ``shape``, kept for the next call of that name.
@@ -442,7 +444,7 @@ class BandState:
     @property
     def nbytes(self) -> int:
         rows = 0 if self.V is None else self.V.nbytes
-        return rows + self.pool.nbytes + self.seg.nbytes
+        return rows + self.pool.nbytes + self.seg.nbytes + self.move.nbytes
 
     def entries(self) -> int:
         """Number of tracked pairs."""

@@ -170,7 +170,8 @@ def train(
         0.55), ``anchor_dtype`` (lazy, kernel: ``"float64"`` keeps the anchored
         rows, ``"float32"`` none; default by memory) and ``gemm_dtype`` (lazy,
         kernel: the set-up GEMM's precision, default ``"float32"``, exact either
-        way).
+        way) and ``moves`` (lazy: keep each neuron's move since its anchor, ``8·m·d``
+        bytes; default up to 64 features on explicit models; the same trajectory).
 
     Returns
     -------
@@ -582,6 +583,8 @@ def _run(
             for s, handler in previous.items():
                 signal.signal(s, handler)
     hist.final_loss = trainer.final_loss()
+    if "moves" in trainer.info:  # the lazy trainer's route may change (linear steps)
+        hist.info["moves"] = trainer.info["moves"]
     check_divergence(hist, trainer.lr, meta["patience"])
     if "costs" in hist.info:  # method="auto": the measurement beside the model's estimate
         hist.info["measured_s"] = hist.total_time

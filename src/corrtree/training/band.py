@@ -24,10 +24,13 @@ from ._pairs import (
     by_data,
     coefficients,
     dot_row,
+    evaluate_by_move,
     evaluate_neuron,
     forward,
+    leave_moves,
     needs_reanchor,
     prefetch_block,
+    prefetch_moved,
     prefetch_segment,
     refresh_keys,
 )
@@ -80,7 +83,7 @@ def choose_storage(n: int, m: int, gemm_dtype: str) -> str:
 
 
 @njit(cache=True, parallel=True, fastmath={"reassoc", "contract"})
-def evaluate_rows(rows, seg, nf, pool, a, E, err, G, X, xnorm, sc, rec, out, parts):
+def evaluate_rows(rows, seg, nf, pool, a, E, err, G, X, xnorm, sc, rec, out, parts, move):
     """Bring neurons ``rows`` to the current time: the step both band trainers share.
 
     For each ``r = rows[k]``, :func:`~._pairs.evaluate_neuron` evaluates and
@@ -97,8 +100,13 @@ def evaluate_rows(rows, seg, nf, pool, a, E, err, G, X, xnorm, sc, rec, out, par
     added while their values are in cache (the other slots are zeroed): the lazy
     trainer's forward pass without a second walk over the pool (``docs/design.md``,
     "The lazy trainer").
+
+    With ``move`` of shape ``(m, d)`` (the lazy trainer's moves since the anchors; empty
+    ``(0, d)`` otherwise) and ``err`` non-empty, :func:`~._pairs.evaluate_by_move`
+    takes the place of :func:`~._pairs.evaluate_neuron`.
     """
     ej, val, fire = pool.j, pool.val, pool.fire
+    moves = move.shape[0] > 0 and err.shape[0] > 0
     record = rec.j.shape[0] > 0
     # the fields are read before the parallel loop: numba's parfors lose writes to an
     # array read from a namedtuple inside the loop (numba 0.68)
@@ -113,23 +121,48 @@ def evaluate_rows(rows, seg, nf, pool, a, E, err, G, X, xnorm, sc, rec, out, par
     for c in prange(chunks):
         dw = np.empty(d)  # the move of a neuron, when its values come from the data
         scratch = np.empty((2, G.shape[0]))  # its coefficient changes (|prefix| <= n)
+        at = np.empty(G.shape[0] if moves else 0, dtype=np.int64)  # its firing entries
+        part = parts[c] if summed else parts[0:0, 0]
         if summed:
             parts[c] = 0.0
         for k in range(c * nrows // chunks, (c + 1) * nrows // chunks):
             r = rows[k]
             if k + 1 < nrows:  # the next neuron's entries, and its reads of G
-                if by_data(d, seg[rows[k + 1], SUPP], scatter):
+                if moves:
+                    prefetch_moved(rows[k + 1], seg, pool, move)
+                elif by_data(d, seg[rows[k + 1], SUPP], scatter):
                     prefetch_segment(rows[k + 1], seg, pool, False)
                 else:
                     prefetch_block(rows[k + 1], seg, ej, G)
             first = start[k] if record else 0
-            pos, since_anchor, nevals[k] = evaluate_neuron(
-                r, seg, nf, pool, scratch, a, E, err, G, X, xnorm, sc, dw, rec, first
-            )
+            if moves:  # adds the outputs on the way
+                pos, since_anchor, nevals[k] = evaluate_by_move(
+                    r,
+                    seg,
+                    nf,
+                    pool,
+                    a,
+                    E,
+                    err,
+                    X,
+                    xnorm,
+                    sc,
+                    move[r],
+                    dw,
+                    at,
+                    scratch[0],
+                    part,
+                    rec,
+                    first,
+                )
+            else:
+                pos, since_anchor, nevals[k] = evaluate_neuron(
+                    r, seg, nf, pool, scratch, a, E, err, G, X, xnorm, sc, dw, rec, first
+                )
             nflips[k] = pos - first
             again[k] = needs_reanchor(r, nf, since_anchor, R)
-            if summed and not again[k]:
-                add_firing(parts[c], r, seg, ej, val, fire, a, b)
+            if summed and not again[k] and not moves:
+                add_firing(part, r, seg, ej, val, fire, a, b)
 
 
 def row_groups(counts: np.ndarray, budget: int) -> list[int]:
@@ -460,7 +493,7 @@ class BandTrainer(Trainer):
             parts = np.empty((0, 0, 0))
         elif record:
             raise ValueError("outputs are summed only on a step that records no flips")
-        return self._in_groups(rows, record, evaluate_rows, args, (parts,))
+        return self._in_groups(rows, record, evaluate_rows, args, (parts, st.move))
 
     def _store_args(self) -> tuple:
         """The arguments every per-neuron kernel takes first after its rows: ``seg``,
@@ -522,6 +555,11 @@ class BandTrainer(Trainer):
         st = self.store
         stats = (st.fired_pairs(), st.moved_neurons(), self.flips, st.entries())
         with self.timer("update"):
+            if st.move.shape[0]:  # the coefficients move every pair: they carry the step
+                args = (st.seg, st.nf, st.pool.arrays, self.a, st.E, self.X, st.xnorm)
+                leave_moves(*args, float(self.eta_s), st.move)
+                st.move = np.zeros((0, self.X.shape[1]))
+                self.info["moves"] = False
             st.pool.use_velocities()
             changed = np.zeros(self.m, dtype=np.bool_)
             rho = step.alpha / step.alpha_next

@@ -155,7 +155,8 @@ def memory_need(
     with ``linear`` steps), the products the paper's trees keep, the tracked pairs of the
     band trainers (``n·m·band_share`` pairs at the start, at
     :data:`~corrtree._config.POOL_BYTES_PER_PAIR`), their per-neuron tables, the kernel
-    trainer's ``nK × nK`` NTK matrix and float32 copy of ``X``, and ``G``.  With
+    trainer's ``nK × nK`` NTK matrix and float32 copy of ``X``, the lazy trainer's moves
+    (``8·m·d``, up to :data:`~corrtree._config.LAZY_MOVE_MAX_DIM` features), and ``G``.  With
     ``implicit`` (an implicit model, band trainers only): the pairs at
     :data:`~corrtree._config.POOL_BYTES_PER_PAIR_IMPLICIT`,
     a set-up block of regenerated rows, and the trained model's coefficients (12 bytes
@@ -177,4 +178,6 @@ def memory_need(
         need += 8.0 * n * m * band_share  # the pairs' velocities
     if method == "kernel":
         need += _config.ntk_bytes(n, K) + 4.0 * n * d  # and X in float32 (rough_copy)
+    if method == "lazy" and not implicit and d <= _config.LAZY_MOVE_MAX_DIM:
+        need += 8.0 * m * d  # the moves since the anchors
     return need

@@ -21,6 +21,11 @@ recomputed when a certificate says it may have crossed ``b``:
 
 Per iteration: O(Σ_r |ever_r|² / 2 + evaluations of expiring pairs), where
 ``ever_r`` are the pairs of ``r`` that ever fired (about ``k̃_r``): no d.
+
+Up to :data:`~corrtree._config.LAZY_MOVE_MAX_DIM` features (explicit models), each
+neuron's move since its anchor is kept instead and stepped exactly
+(:func:`~._pairs.evaluate_by_move`): O(d·(firing pairs + expiring pairs)) a step, with
+the ever-fired pairs that stopped firing evaluated by their keys like any other.
 """
 
 from __future__ import annotations
@@ -31,11 +36,25 @@ import numpy as np
 
 from .. import _config
 from ._pairs import firing_sums, refresh_keys, sum_parts
-from ._state import Schema
+from ._state import Field, Scalar, Schema, fail
 from .band import BAND_FIELDS, BAND_SCALARS, BandTrainer
 from .optim import LinearStep
 
-__all__ = ["LazyTrainer"]
+__all__ = ["LazyTrainer", "keeps_moves"]
+
+
+def keeps_moves(moves: bool | None, d: int, implicit: bool) -> bool:
+    """Whether the lazy trainer keeps each neuron's move since its anchor, ``(m, d)``
+    float64 (``docs/design.md``, "The lazy trainer"): ``moves`` if given (not for an
+    implicit model, which stores no ``(m, d)`` array), else up to
+    :data:`~corrtree._config.LAZY_MOVE_MAX_DIM` features on an explicit model."""
+    if moves is None:
+        return not implicit and d <= _config.LAZY_MOVE_MAX_DIM
+    if not isinstance(moves, bool | np.bool_):
+        raise ValueError(f"moves must be True, False or None, got {moves!r}")
+    if moves and implicit:
+        raise ValueError("moves=True keeps an (m, d) array: not for an implicit model")
+    return bool(moves)
 
 
 class LazyTrainer(BandTrainer):
@@ -43,17 +62,41 @@ class LazyTrainer(BandTrainer):
     options: :class:`~.band.BandTrainer`)."""
 
     name = "lazy"
-    SCHEMA = Schema(3, BAND_FIELDS, BAND_SCALARS)
+    SCHEMA = Schema(
+        4,
+        (*BAND_FIELDS, Field("move", ("f8",), ("m", "d"), optional=True)),
+        (*BAND_SCALARS, Scalar("moves", int, 0, 1)),  # whether the state keeps ``move``
+    )
 
-    def _prepare(self, W0: np.ndarray, **options: Any) -> None:
+    def _prepare(self, W0: np.ndarray, moves: bool | None = None, **options: Any) -> None:
+        """``moves``: keep each neuron's move since its anchor (:func:`keeps_moves`;
+        default: up to :data:`~corrtree._config.LAZY_MOVE_MAX_DIM` features, explicit
+        models only); ``options``: :class:`~.band.BandTrainer`'s."""
+        keep = keeps_moves(moves, self.X.shape[1], bool(getattr(W0, "implicit", False)))
         super()._prepare(W0, **options)
         st = self.store
-        refresh_keys(np.arange(self.m), st.seg, st.nf, st.pool.arrays, st.xnorm, st.b)
+        if keep:
+            st.move = np.zeros((self.m, self.X.shape[1]))
+        keys = (st.seg, st.nf, st.pool.arrays, st.xnorm, st.b, st.move.shape[0] > 0)
+        refresh_keys(np.arange(self.m), *keys)
         self.moved = st.firing_neurons()
+        self.info["moves"] = st.move.shape[0] > 0
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        arrays, scalars = super().state()
+        moves = self.store.move.shape[0] > 0
+        if moves:  # a run resumes on the route it was on
+            arrays["move"] = self.store.move
+        return arrays, {**scalars, "moves": int(moves)}
 
     def _restore(self, W0, arrays, scalars, sizes) -> None:
+        if ("move" in arrays) != bool(scalars["moves"]):
+            fail("move", "a state on the moves' route holds them, any other does not")
         super()._restore(W0, arrays, scalars, sizes)
+        if "move" in arrays:
+            self.store.move = arrays["move"]
         self.moved = self.store.firing_neurons()  # as at the end of every step
+        self.info["moves"] = self.store.move.shape[0] > 0
 
     def advance(self, err: np.ndarray, step: LinearStep | None = None) -> dict[str, Any]:
         if step is not None:
@@ -71,7 +114,10 @@ class LazyTrainer(BandTrainer):
             rows = self.moved[again]
             if rows.shape[0]:
                 self.flips += self._reanchor(rows)[0].shape[0]
-                refresh_keys(rows, st.seg, st.nf, st.pool.arrays, st.xnorm, st.b)
+                moves = st.move.shape[0] > 0
+                if moves:
+                    st.move[rows] = 0.0
+                refresh_keys(rows, st.seg, st.nf, st.pool.arrays, st.xnorm, st.b, moves)
         with self.timer("forward"):
             # a neuron that fires after the step fired before it (only moved rows change)
             more = parts[:0]
