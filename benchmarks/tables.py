@@ -310,18 +310,7 @@ def widths(res: dict) -> str:
         ],
         rows,
     )
-    last, cpu = res["machine"]["date"], res["machine"]["cpu"]
-    earlier: dict[tuple[str, str], list[str]] = {}
-    for name, r in res["results"].items():
-        when = (r.get("measured", last), r.get("measured_on", cpu))
-        if when != (last, cpu):
-            earlier.setdefault(when, []).append(name)
-    dates = "".join(
-        f" Measured on {day}, "
-        + ("the same machine" if on == cpu else f"on {on} (2 cores)")
-        + f": {', '.join(names)} (each ratio against a case of the same run)."
-        for (day, on), names in sorted(earlier.items())
-    )
+    dates = measured_apart(res, "a case of the same run")
     return (
         text + "\n\n\\* extrapolated from the first iterations. † dense does not fit (its "
         "products and a stored `W` take 11 GiB and more): the dense run of the widest stored "
@@ -342,6 +331,24 @@ def _dims(case: dict) -> str:
     if case["data"] == "patches":
         return str(3 * a["size"] ** 2)
     return {"diabetes": "10", "breast_cancer": "30", "digits": "64"}.get(case["data"], "?")
+
+
+def measured_apart(res: dict, against: str) -> str:
+    """Sentences naming the cases measured on another day or machine than the file's last
+    run (each case's ``measured``, ``measured_on``; empty when all agree), each ratio
+    being against ``against``."""
+    last, cpu = res["machine"]["date"], res["machine"]["cpu"]
+    earlier: dict[tuple[str, str], list[str]] = {}
+    for name, r in res["results"].items():
+        when = (r.get("measured", last), r.get("measured_on", cpu))
+        if when != (last, cpu):
+            earlier.setdefault(when, []).append(name)
+    return "".join(
+        f" Measured on {day}, "
+        + ("the same machine" if on == cpu else f"on {on} (2 cores)")
+        + f": {', '.join(names)} (each ratio against {against})."
+        for (day, on), names in sorted(earlier.items())
+    )
 
 
 def workloads(res: dict) -> str:
@@ -418,7 +425,8 @@ def workloads(res: dict) -> str:
         _table(head, rows),
         "",
         "\\* extrapolated from the first iterations (dense numpy and PyTorch always; the tree "
-        "methods and a fast method past its time budget when marked).",
+        "methods and a fast method past its time budget when marked)."
+        + measured_apart(res, "dense of the same run"),
         "",
         *(
             [
@@ -1195,7 +1203,8 @@ def results_table(results: str, size: str) -> str:
     if res is None:
         return "No workload results yet: run `python benchmarks/bench_workloads.py`.\n"
     table = workloads(res).split("\n\n", 1)[0]
-    return f"Measured on: {machine(res)}.\n\n{table}\n"
+    apart = measured_apart(res, "dense of the same run")
+    return f"Measured on: {machine(res)}.{apart}\n\n{table}\n"
 
 
 def wide_table(results: str, size: str) -> str:

@@ -592,3 +592,35 @@ def test_warmup_checks_every_name_before_compiling(monkeypatch):
 @pytest.mark.parametrize("methods", ["", ",", "dense,,kernel", "dense,bogus"])
 def test_cli_warmup_refuses_lists_without_a_method(methods):
     assert_one_line_error(run("warmup", "--methods", methods, check=False), 1, "--methods")
+
+
+_CALLER = """
+import sys
+sys.path.insert(0, {root!r})
+from pkg.main import f
+print(f(3))
+"""
+
+
+def test_a_kernel_compiles_again_when_a_helper_of_another_module_changes(tmp_path):
+    """numba stamps a cached kernel with its own file only, while the kernel carries the
+    code of what it calls from other modules (here inlined): a change to the helper alone
+    must not load the old code (it did: 7 again)."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    helper = pkg / "helper.py"
+    helper.write_text(
+        "from corrtree._jit import njit\n\n"
+        "@njit(cache=True, inline='always')\ndef twice(x):\n    return 2 * x\n"
+    )
+    (pkg / "main.py").write_text(
+        "from corrtree._jit import njit\nfrom .helper import twice\n\n"
+        "@njit(cache=True)\ndef f(x):\n    return twice(x) + 1\n"
+    )
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    script = _CALLER.format(root=str(tmp_path))
+    assert _python(script, env).stdout.split() == ["7"]
+    assert _python(script, env).stdout.split() == ["7"]  # from the cache
+    helper.write_text(helper.read_text().replace("2 * x", "3 * x"))
+    assert _python(script, env).stdout.split() == ["10"]

@@ -10,6 +10,12 @@
   ``corrtree`` logger, removed and compiled again, instead of a traceback out of
   ``pickle``.  A file that cannot be written (a full disk) leaves the kernel compiled
   and uncached.
+- **A kernel is compiled again when any of corrtree's sources changed.**  numba stamps a
+  cached kernel with its own file's time and size only, but a kernel carries the code of
+  the kernels it calls from other modules (inlined, or linked into its library): after a
+  change to a helper alone (an editable install updated in place) it would load the old
+  helper's code.  The stamp here adds a digest of every source file of the package
+  (:func:`package_digest`).
 - **An interrupt does not break a compilation.**  numba's compiler calls into LLVM and
   back into Python through ctypes; a ``KeyboardInterrupt`` raised in there is swallowed
   ("Exception ignored on calling ctypes callback function"), leaves a half-built library
@@ -28,6 +34,7 @@ import logging
 import os
 import pickle
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
@@ -35,7 +42,7 @@ from typing import Any, ClassVar
 import numba
 from numba.core.caching import FunctionCache, IndexDataCacheFile
 
-__all__ = ["njit", "on_held_signal", "uncached"]
+__all__ = ["njit", "on_held_signal", "package_digest", "uncached"]
 
 logger = logging.getLogger("corrtree")
 
@@ -88,6 +95,30 @@ class _DamagedCacheFile(Exception):
     pass
 
 
+@functools.cache
+def package_digest(root: str) -> str:
+    """A BLAKE2 digest of the names and contents of every ``.py`` file under ``root`` (a
+    package's folder; a file: that file), once per process: part of the stamp of every
+    cached kernel of the package.  O(size of the sources), about a millisecond."""
+    h = hashlib.blake2b(digest_size=16)
+    paths = [root] if os.path.isfile(root) else []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        paths += [os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".py")]
+    for path in paths:
+        h.update(os.path.relpath(path, root).encode())
+        with contextlib.suppress(OSError), open(path, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
+
+
+def _package_root(module: str) -> str:
+    """The folder of the top-level package ``module`` belongs to (or its own file)."""
+    top = sys.modules.get(module.split(".", 1)[0])
+    where = list(getattr(top, "__path__", [])) or [getattr(top, "__file__", None) or ""]
+    return os.path.abspath(where[0]) if where[0] else ""  # "": no sources (a session)
+
+
 def _checked_loads(data: bytes, path: str) -> Any:
     body, digest = data[:-_DIGEST], data[-_DIGEST:]
     if len(data) <= _DIGEST or hashlib.blake2b(body, digest_size=_DIGEST).digest() != digest:
@@ -105,7 +136,10 @@ class _RepairingCache(FunctionCache):
         self._cache_file = _CheckedCacheFile(
             cache_path=self._cache_path,
             filename_base=self._impl.filename_base,
-            source_stamp=self._impl.locator.get_source_stamp(),
+            source_stamp=(
+                self._impl.locator.get_source_stamp(),
+                package_digest(_package_root(py_func.__module__)),
+            ),
         )
 
     def load_overload(self, sig: Any, target_context: Any) -> Any:

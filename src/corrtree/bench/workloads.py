@@ -18,6 +18,7 @@ weights shows there, however late in the run it went wrong).
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
@@ -32,7 +33,14 @@ from ..model import TwoLayerReLU
 from ..preprocessing import unit_rows
 from ..training import train
 from ..training._choice import choose_method
-from ._util import in_child, peak_rss_bytes, print_table, save_result, warm_kernels
+from ._util import (
+    in_child,
+    machine_info,
+    peak_rss_bytes,
+    print_table,
+    save_result,
+    warm_kernels,
+)
 
 __all__ = ["SIZES", "WORKLOADS", "run"]
 
@@ -250,7 +258,11 @@ def run(
     previous = os.path.join(out_dir, f"workloads_{size}.json")
     if only and os.path.exists(previous):  # re-running some workloads keeps the others
         with open(previous, encoding="utf-8") as fh:
-            results = json.load(fh)["results"]
+            kept = json.load(fh)
+        results = kept["results"]
+        for r in results.values():  # each keeps the day and machine it was measured on
+            r.setdefault("measured", kept["machine"]["date"])
+            r.setdefault("measured_on", kept["machine"]["cpu"])
     for name, w in WORKLOADS.items():
         if only and name not in only.split(","):
             continue
@@ -281,6 +293,8 @@ def run(
         )
         dense_total = runs["dense"]["total_s"]
         results[name] = {
+            "measured": datetime.date.today().isoformat(),
+            "measured_on": machine_info()["cpu"],
             "workload": {**w, "m": m, "iters": iters},
             "runs": runs,
             "speedup_vs_dense": {
