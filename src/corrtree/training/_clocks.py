@@ -13,6 +13,7 @@ from .._jit import njit
 from ._pairs import (
     by_data,
     dot_row,
+    entry_key,
     sigma,
     trace_sigma,
 )
@@ -47,12 +48,6 @@ def heap_key(r, nf, anchor_drift, R, P, per_p):
     slack = min(nf[r, MINKEY] - drift, nf[r, BETA] / R - (drift - anchor_drift[r]))
     rate = per_p * nf[r, SIGMA]
     return P + max(slack, 0.0) / rate if rate > 0 else np.inf
-
-
-@njit(cache=True, inline="always")
-def entry_key(drift, v, b, xn):
-    """The drift at which an entry of value ``v`` at drift ``drift`` may reach ``b``."""
-    return drift + abs(v - b) / xn if xn > 0 else np.inf
 
 
 @njit(cache=True, parallel=True)

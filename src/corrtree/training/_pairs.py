@@ -38,6 +38,7 @@ __all__ = [
     "data_dot",
     "dot4",
     "dot_row",
+    "entry_key",
     "eval_ever",
     "evaluate_by_move",
     "evaluate_neuron",
@@ -225,6 +226,12 @@ def prefetch_segment(r, seg, pool, keys):
 def safe_norm(sq, l1, gmax):
     """``sqrt`` of a computed quadratic form ``cᵀ G c``, enlarged to cover its rounding."""
     return math.sqrt(max(sq, 0.0) + _QUAD_SLACK * l1 * l1 * gmax) * _ROUND_UP
+
+
+@njit(cache=True, inline="always")
+def entry_key(drift, v, b, xn):
+    """The drift at which an entry of value ``v`` at drift ``drift`` may reach ``b``."""
+    return drift + abs(v - b) / xn if xn > 0 else np.inf
 
 
 @njit(cache=True, inline="always")
@@ -564,8 +571,7 @@ def evaluate_neuron(r, seg, nf, pool, scratch, a, E, err, G, X, xnorm, sc, dw, r
                     fpos += 1
                     flip(r, q, seg, pool, a, E, eta_s, True)
                     continue
-                xn = xnorm[ej[q]]
-                key[q] = drift + (b - val[q]) / xn if xn > 0 else np.inf
+                key[q] = entry_key(drift, val[q], b, xnorm[ej[q]])
             best = min(best, key[q])
         nf[r, MINKEY] = best
     if fpos > first:  # the fire set changed: σ_r is recomputed when next needed
@@ -585,8 +591,7 @@ def set_keys(r, seg, nf, pool, xnorm, b, prefix):
     for q in range(s0 if prefix else s0 + seg[r, SUPP], s0 + seg[r, CNT]):
         if fire[q]:
             continue
-        xn = xnorm[ej[q]]
-        key[q] = drift + (b - val[q]) / xn if xn > 0 else np.inf
+        key[q] = entry_key(drift, val[q], b, xnorm[ej[q]])
         best = min(best, key[q])
     nf[r, MINKEY] = best
 
@@ -743,8 +748,7 @@ def evaluate_by_move(r, seg, nf, pool, a, E, err, X, xnorm, sc, mv, g, at, cf, p
                 f_j[fpos], f_v[fpos], f_on[fpos] = j, v, False
             fpos += 1
             flip(r, q, seg, pool, a, E, eta_s, False)
-            xn = xnorm[j]
-            key[q] = drift + (b - v) / xn if xn > 0 else np.inf
+            key[q] = entry_key(drift, v, b, xnorm[j])
             off = min(off, key[q])
         elif add:
             for kk in range(K):
@@ -769,8 +773,7 @@ def evaluate_by_move(r, seg, nf, pool, a, E, err, X, xnorm, sc, mv, g, at, cf, p
                         for kk in range(K):
                             part[j, kk] += a[r, kk] * (v - b)
                     continue
-                xn = xnorm[j]
-                key[q] = drift + (b - v) / xn if xn > 0 else np.inf
+                key[q] = entry_key(drift, v, b, xnorm[j])
             best = min(best, key[q])
         nf[r, MINKEY] = best
     else:
