@@ -454,6 +454,37 @@ def test_lazy_moves_are_the_coefficients_moves_after_reanchoring():
         assert np.linalg.norm(want) <= st.nf[r, _pool.DRIFT] * (1 + 1e-9) + 1e-15
 
 
+def test_moves_priced_from_the_fire_sets():
+    """The moves are kept where their step costs at most LAZY_MOVE_GAIN times the
+    coefficient route's, both priced at the set-up's fire sets (2·d·f against
+    min(2·d·f, scatter·f·(f + 1)/2) a neuron; neurons that fire nowhere cost nothing)."""
+    from corrtree.training.lazy import moves_pay
+
+    long_sets = np.array([40, 0, 25, 60])  # the data route wins each: even
+    assert moves_pay(long_sets, 30, 32.0)
+    short_sets = np.full(1000, 3)  # G wins: 6 reads of 32 against 2·784 a pair
+    assert not moves_pay(short_sets, 784, 32.0)
+    # one neuron, f = 9, d = 100: by the moves 1800, by G 45·scatter
+    gain = ct._config.LAZY_MOVE_GAIN
+    f = np.array([9])
+    assert moves_pay(f, 100, 1800 / (45 * gain) * 1.01)
+    assert not moves_pay(f, 100, 1800 / (45 * gain) * 0.99)
+
+
+@pytest.mark.parametrize(("b_scale", "kept"), [(0.0, True), (0.8, False)])
+def test_lazy_moves_by_default_beyond_64_features(monkeypatch, b_scale, kept):
+    """At d = 96 the default keeps the moves where half the points fire (30 of 60) and
+    leaves them where about five do (G is cheaper there); either way the trajectory is
+    dense's."""
+    monkeypatch.setenv("CORRTREE_SCATTER_COST", "32")  # a fixed price of a read of G
+    X, y, model0 = _problem(60, 1500, 96, 1, 3, b_scale=b_scale)
+    ref = _run(model0, X, y, "dense", iters=15)
+    hist, W = _run(model0, X, y, "lazy", iters=15)
+    assert hist.info["moves"] is kept
+    assert_same_trajectory(hist, W, *ref)
+    assert sum(hist.flips) > 0
+
+
 @pytest.mark.parametrize(("value", "implicit"), [("yes", False), (1, False), (True, True)])
 def test_bad_moves_option(value, implicit):
     X, y, _ = _problem(20, 64, 4, 1, 0)

@@ -200,13 +200,24 @@ OWN_CLOCK_LEAVE = 0.05
 #: 40.2 s without, 22.2 and 28.2 s with, side by side; at d = 30, W5, it did not pay:
 #: 12.3 and 14.6 s without, 14.7 and 15.2 s with).
 OWN_CLOCK_MOVE_DIM = 16
-#: Up to this many features the lazy trainer keeps each neuron's move since its anchor,
-#: ``Σ_l (C_rl - cref_rl)·x_l``, as an (m, d) array and adds its exact step to it
+#: Up to this many features the lazy trainer may keep each neuron's move since its
+#: anchor, ``Σ_l (C_rl - cref_rl)·x_l``, as an (m, d) array and add its exact step to it
 #: (``d`` multiply-adds a firing pair), instead of rebuilding it from the coefficients of
-#: every pair that ever fired; it evaluates only the firing pairs and the others whose
-#: key passed (``docs/design.md``, "The lazy trainer").  Not for implicit models (the
-#: array is ``8·m·d`` bytes).
-LAZY_MOVE_MAX_DIM = 64
+#: every pair that ever fired; it then evaluates only the firing pairs and the others
+#: whose key passed (``docs/design.md``, "The lazy trainer").  Whether it does is priced
+#: from the set-up's fire sets (:func:`~corrtree.training.lazy.moves_pay`); the memory
+#: model counts the array (``8·m·d`` bytes) wherever it may be kept.  Not for implicit
+#: models.
+LAZY_MOVE_MAX_DIM = 1024
+#: The moves are kept while their modelled step costs at most this many times the
+#: coefficient route's (``moves_pay``).  The model prices both at the set-up's fire
+#: sets, where the coefficient route's prefixes only grow and each of its entries also
+#: reads and writes its coefficient: measured whole-run ratios (coefficient route over
+#: moves, 2-core AMD EPYC) were above the modelled ones by 1.13-1.35 where the model
+#: called them even (W5 1.33, W3 1.14, image patches at d = 432 1.13-1.16 and at
+#: d = 768 1.05-1.09 against a modelled 0.94) and by 2.5 where it favoured the
+#: coefficients (W1, sphere d = 784: the moves 2.0-2.5 times slower, modelled 0.18).
+LAZY_MOVE_GAIN = 1.25
 #: Nanoseconds a flip's write into the kernel trainer's H takes in place (its row and
 #: column, a cache miss each: W2, n = 2048, 4.1e6 writes took 0.17 s): the one price
 #: of that write, for the trainer's choice of how to apply flips and for the cost model.

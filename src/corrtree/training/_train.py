@@ -171,7 +171,8 @@ def train(
         rows, ``"float32"`` none; default by memory) and ``gemm_dtype`` (lazy,
         kernel: the set-up GEMM's precision, default ``"float32"``, exact either
         way) and ``moves`` (lazy: keep each neuron's move since its anchor, ``8·m·d``
-        bytes; default up to 64 features on explicit models; the same trajectory).
+        bytes; default on explicit models up to 1024 features where the set-up's fire
+        sets price it cheaper; the same trajectory).
 
     Returns
     -------

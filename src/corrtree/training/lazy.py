@@ -22,10 +22,11 @@ recomputed when a certificate says it may have crossed ``b``:
 Per iteration: O(Σ_r |ever_r|² / 2 + evaluations of expiring pairs), where
 ``ever_r`` are the pairs of ``r`` that ever fired (about ``k̃_r``): no d.
 
-Up to :data:`~corrtree._config.LAZY_MOVE_MAX_DIM` features (explicit models), each
-neuron's move since its anchor is kept instead and stepped exactly
-(:func:`~._pairs.evaluate_by_move`): O(d·(firing pairs + expiring pairs)) a step, with
-the ever-fired pairs that stopped firing evaluated by their keys like any other.
+Up to :data:`~corrtree._config.LAZY_MOVE_MAX_DIM` features (explicit models), where
+the set-up's fire sets price it cheaper (:func:`moves_pay`), each neuron's move since
+its anchor is kept instead and stepped exactly (:func:`~._pairs.evaluate_by_move`):
+O(d·(firing pairs + expiring pairs)) a step, with the ever-fired pairs that stopped
+firing evaluated by their keys like any other.
 """
 
 from __future__ import annotations
@@ -36,25 +37,45 @@ import numpy as np
 
 from .. import _config
 from ._pairs import firing_sums, refresh_keys, sum_parts
+from ._pool import NFIRE
 from ._state import Field, Scalar, Schema, fail
 from .band import BAND_FIELDS, BAND_SCALARS, BandTrainer
 from .optim import LinearStep
 
-__all__ = ["LazyTrainer", "keeps_moves"]
+__all__ = ["LazyTrainer", "keeps_moves", "moves_pay"]
 
 
-def keeps_moves(moves: bool | None, d: int, implicit: bool) -> bool:
+def keeps_moves(moves: bool | None, d: int, implicit: bool) -> bool | None:
     """Whether the lazy trainer keeps each neuron's move since its anchor, ``(m, d)``
     float64 (``docs/design.md``, "The lazy trainer"): ``moves`` if given (not for an
-    implicit model, which stores no ``(m, d)`` array), else up to
-    :data:`~corrtree._config.LAZY_MOVE_MAX_DIM` features on an explicit model."""
+    implicit model, which stores no ``(m, d)`` array); by default never on an implicit
+    model nor beyond :data:`~corrtree._config.LAZY_MOVE_MAX_DIM` features, and ``None``
+    otherwise: the set-up's fire sets decide (:func:`moves_pay`)."""
     if moves is None:
-        return not implicit and d <= _config.LAZY_MOVE_MAX_DIM
+        return None if not implicit and d <= _config.LAZY_MOVE_MAX_DIM else False
     if not isinstance(moves, bool | np.bool_):
         raise ValueError(f"moves must be True, False or None, got {moves!r}")
     if moves and implicit:
         raise ValueError("moves=True keeps an (m, d) array: not for an implicit model")
     return bool(moves)
+
+
+def moves_pay(fire_counts: np.ndarray, d: int, scatter: float) -> bool:
+    """Whether a step on the moves' route costs at most what the coefficient route's
+    does, priced at the set-up's fire sets (every tracked prefix is then a fire set).
+
+    A neuron firing on ``f`` points costs ``2·d·f`` on the moves' route (its step, then
+    its values) and ``min(2·d·f, scatter·f·(f + 1)/2)`` on the coefficient route (the
+    move rebuilt from the data, or the values from ``G``: :func:`~._pairs.by_data`);
+    the moves are kept while theirs is at most
+    :data:`~corrtree._config.LAZY_MOVE_GAIN` times the other (the coefficient route's
+    prefixes grow past the fire sets, and it reads and writes a coefficient an entry).
+    So they are left where short fire sets make ``G`` cheaper than ``d``: few firing
+    points in many features (isotropic data).  O(m)."""
+    f = fire_counts[fire_counts > 0].astype(np.float64)
+    by_move = 2.0 * d * f.sum()
+    by_coef = np.minimum(2.0 * d * f, scatter * f * (f + 1.0) / 2.0).sum()
+    return bool(by_move <= _config.LAZY_MOVE_GAIN * by_coef)
 
 
 class LazyTrainer(BandTrainer):
@@ -71,10 +92,13 @@ class LazyTrainer(BandTrainer):
     def _prepare(self, W0: np.ndarray, moves: bool | None = None, **options: Any) -> None:
         """``moves``: keep each neuron's move since its anchor (:func:`keeps_moves`;
         default: up to :data:`~corrtree._config.LAZY_MOVE_MAX_DIM` features, explicit
-        models only); ``options``: :class:`~.band.BandTrainer`'s."""
-        keep = keeps_moves(moves, self.X.shape[1], bool(getattr(W0, "implicit", False)))
+        models only, where :func:`moves_pay`); ``options``: :class:`~.band.BandTrainer`'s."""
+        d = self.X.shape[1]
+        keep = keeps_moves(moves, d, bool(getattr(W0, "implicit", False)))
         super()._prepare(W0, **options)
         st = self.store
+        if keep is None:
+            keep = moves_pay(st.seg[:, NFIRE], d, self.scatter)
         if keep:
             st.move = np.zeros((self.m, self.X.shape[1]))
         keys = (st.seg, st.nf, st.pool.arrays, st.xnorm, st.b, st.move.shape[0] > 0)
