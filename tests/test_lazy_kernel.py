@@ -457,29 +457,39 @@ def test_lazy_moves_are_the_coefficients_moves_after_reanchoring():
 def test_moves_priced_from_the_fire_sets():
     """The moves are kept where their step costs at most LAZY_MOVE_GAIN times the
     coefficient route's, both priced at the set-up's fire sets (2·d·f against
-    min(2·d·f, scatter·f·(f + 1)/2) a neuron; neurons that fire nowhere cost nothing)."""
+    min(2·d·f, scatter·f·(f + 1)/2) a neuron; neurons that fire nowhere cost nothing),
+    and beyond LAZY_MOVE_FREE_DIM features only on coherent data."""
     from corrtree.training.lazy import moves_pay
 
     long_sets = np.array([40, 0, 25, 60])  # the data route wins each: even
-    assert moves_pay(long_sets, 30, 32.0)
+    assert moves_pay(long_sets, 30, 32.0, 0.0)
+    assert moves_pay(long_sets, 784, 1e4, 0.5)  # coherent: kept beyond 64 features
+    assert not moves_pay(long_sets, 784, 1e4, 0.03)  # random directions at d = 784
     short_sets = np.full(1000, 3)  # G wins: 6 reads of 32 against 2·784 a pair
-    assert not moves_pay(short_sets, 784, 32.0)
-    # one neuron, f = 9, d = 100: by the moves 1800, by G 45·scatter
+    assert not moves_pay(short_sets, 784, 32.0, 0.5)
+    # one neuron, f = 9, d = 60: by the moves 1080, by G 45·scatter
     gain = ct._config.LAZY_MOVE_GAIN
     f = np.array([9])
-    assert moves_pay(f, 100, 1800 / (45 * gain) * 1.01)
-    assert not moves_pay(f, 100, 1800 / (45 * gain) * 0.99)
+    assert moves_pay(f, 60, 1080 / (45 * gain) * 1.01, 0.0)
+    assert not moves_pay(f, 60, 1080 / (45 * gain) * 0.99, 0.0)
 
 
-@pytest.mark.parametrize(("b_scale", "kept"), [(0.0, True), (0.8, False)])
-def test_lazy_moves_by_default_beyond_64_features(monkeypatch, b_scale, kept):
-    """At d = 96 the default keeps the moves where half the points fire (30 of 60) and
-    leaves them where about five do (G is cheaper there); either way the trajectory is
-    dense's."""
+@pytest.mark.parametrize(("data", "kept"), [("patches", True), ("sphere", False)])
+def test_lazy_moves_by_default_beyond_64_features(monkeypatch, data, kept):
+    """At d = 108 the default keeps the moves on image patches (coherent, half the
+    points firing) and leaves them on random directions with the same fire sets; either
+    way the trajectory is dense's."""
     monkeypatch.setenv("CORRTREE_SCATTER_COST", "32")  # a fixed price of a read of G
-    X, y, model0 = _problem(60, 1500, 96, 1, 3, b_scale=b_scale)
+    if data == "patches":
+        ds = ct.datasets.image_patches(n=60, size=6, seed=2)
+    else:
+        ds = ct.datasets.sphere(n=60, d=108, seed=2)
+    X, y = ds.X_train, ds.y_train
+    init = ct.TwoLayerReLU.init(d=X.shape[1], m=1500, seed=3)
+    model0 = ct.TwoLayerReLU(init.W, init.a, 0.0)  # half the points fire
     ref = _run(model0, X, y, "dense", iters=15)
     hist, W = _run(model0, X, y, "lazy", iters=15)
+    assert X.shape[1] == 108
     assert hist.info["moves"] is kept
     assert_same_trajectory(hist, W, *ref)
     assert sum(hist.flips) > 0

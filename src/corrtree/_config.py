@@ -218,6 +218,16 @@ LAZY_MOVE_MAX_DIM = 1024
 #: d = 768 1.05-1.09 against a modelled 0.94) and by 2.5 where it favoured the
 #: coefficients (W1, sphere d = 784: the moves 2.0-2.5 times slower, modelled 0.18).
 LAZY_MOVE_GAIN = 1.25
+#: Beyond this many features a kept move's row (``8·d`` bytes read and written a neuron
+#: a step) costs about what its arithmetic does, and the moves pay only where the
+#: coefficient route's prefixes outgrow the fire sets: on data whose points look alike,
+#: :func:`~corrtree.training.costs.coherence` at least :data:`LAZY_MOVE_COHERENCE` times
+#: that of random directions, ``sqrt(2/(π d))``.  Measured (2-core AMD EPYC, one process,
+#: alternating): W4's sphere at m = 2^16 (d = 784, coherence 1.0 times random, fire sets
+#: of 72 that the price calls even) 31.0 and 25.1 s with the moves against 27.5 and
+#: 22.5 s without, 20 steps; image patches (17-23 times random) faster with them.
+LAZY_MOVE_FREE_DIM = 64
+LAZY_MOVE_COHERENCE = 4.0
 #: Nanoseconds a flip's write into the kernel trainer's H takes in place (its row and
 #: column, a cache miss each: W2, n = 2048, 4.1e6 writes took 0.17 s): the one price
 #: of that write, for the trainer's choice of how to apply flips and for the cost model.

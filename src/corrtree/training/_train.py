@@ -171,8 +171,9 @@ def train(
         rows, ``"float32"`` none; default by memory) and ``gemm_dtype`` (lazy,
         kernel: the set-up GEMM's precision, default ``"float32"``, exact either
         way) and ``moves`` (lazy: keep each neuron's move since its anchor, ``8·m·d``
-        bytes; default on explicit models up to 1024 features where the set-up's fire
-        sets price it cheaper; the same trajectory).
+        bytes; default on explicit models where the set-up's fire sets price it
+        cheaper, beyond 64 features only on coherent data, up to 1024; the same
+        trajectory).
 
     Returns
     -------

@@ -40,6 +40,7 @@ from ._pairs import firing_sums, refresh_keys, sum_parts
 from ._pool import NFIRE
 from ._state import Field, Scalar, Schema, fail
 from .band import BAND_FIELDS, BAND_SCALARS, BandTrainer
+from .costs import coherence
 from .optim import LinearStep
 
 __all__ = ["LazyTrainer", "keeps_moves", "moves_pay"]
@@ -60,7 +61,7 @@ def keeps_moves(moves: bool | None, d: int, implicit: bool) -> bool | None:
     return bool(moves)
 
 
-def moves_pay(fire_counts: np.ndarray, d: int, scatter: float) -> bool:
+def moves_pay(fire_counts: np.ndarray, d: int, scatter: float, coherence: float) -> bool:
     """Whether a step on the moves' route costs at most what the coefficient route's
     does, priced at the set-up's fire sets (every tracked prefix is then a fire set).
 
@@ -71,7 +72,14 @@ def moves_pay(fire_counts: np.ndarray, d: int, scatter: float) -> bool:
     :data:`~corrtree._config.LAZY_MOVE_GAIN` times the other (the coefficient route's
     prefixes grow past the fire sets, and it reads and writes a coefficient an entry).
     So they are left where short fire sets make ``G`` cheaper than ``d``: few firing
-    points in many features (isotropic data).  O(m)."""
+    points in many features.  Beyond :data:`~corrtree._config.LAZY_MOVE_FREE_DIM`
+    features the data must also be coherent (``coherence``, :func:`~.costs.coherence`, at
+    least :data:`~corrtree._config.LAZY_MOVE_COHERENCE` times the ``sqrt(2/(π d))`` of
+    random directions): only there do the prefixes outgrow the fire sets, which pays
+    for the row of ``8·d`` bytes each neuron's step reads and writes.  O(m)."""
+    if d > _config.LAZY_MOVE_FREE_DIM:
+        if coherence < _config.LAZY_MOVE_COHERENCE * np.sqrt(2.0 / (np.pi * d)):
+            return False
     f = fire_counts[fire_counts > 0].astype(np.float64)
     by_move = 2.0 * d * f.sum()
     by_coef = np.minimum(2.0 * d * f, scatter * f * (f + 1.0) / 2.0).sum()
@@ -98,7 +106,7 @@ class LazyTrainer(BandTrainer):
         super()._prepare(W0, **options)
         st = self.store
         if keep is None:
-            keep = moves_pay(st.seg[:, NFIRE], d, self.scatter)
+            keep = moves_pay(st.seg[:, NFIRE], d, self.scatter, coherence(self.G))
         if keep:
             st.move = np.zeros((self.m, self.X.shape[1]))
         keys = (st.seg, st.nf, st.pool.arrays, st.xnorm, st.b, st.move.shape[0] > 0)
