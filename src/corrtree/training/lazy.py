@@ -61,7 +61,7 @@ def keeps_moves(moves: bool | None, d: int, implicit: bool) -> bool | None:
     return bool(moves)
 
 
-def moves_pay(fire_counts: np.ndarray, d: int, scatter: float, coherence: float) -> bool:
+def moves_pay(fire_counts: np.ndarray, d: int, scatter: float, coh: float) -> bool:
     """Whether a step on the moves' route costs at most what the coefficient route's
     does, priced at the set-up's fire sets (every tracked prefix is then a fire set).
 
@@ -73,12 +73,12 @@ def moves_pay(fire_counts: np.ndarray, d: int, scatter: float, coherence: float)
     prefixes grow past the fire sets, and it reads and writes a coefficient an entry).
     So they are left where short fire sets make ``G`` cheaper than ``d``: few firing
     points in many features.  Beyond :data:`~corrtree._config.LAZY_MOVE_FREE_DIM`
-    features the data must also be coherent (``coherence``, :func:`~.costs.coherence`, at
+    features the data must also be coherent (``coh``, its :func:`~.costs.coherence`, at
     least :data:`~corrtree._config.LAZY_MOVE_COHERENCE` times the ``sqrt(2/(π d))`` of
     random directions): only there do the prefixes outgrow the fire sets, which pays
     for the row of ``8·d`` bytes each neuron's step reads and writes.  O(m)."""
     if d > _config.LAZY_MOVE_FREE_DIM:
-        if coherence < _config.LAZY_MOVE_COHERENCE * np.sqrt(2.0 / (np.pi * d)):
+        if coh < _config.LAZY_MOVE_COHERENCE * np.sqrt(2.0 / (np.pi * d)):
             return False
     f = fire_counts[fire_counts > 0].astype(np.float64)
     by_move = 2.0 * d * f.sum()
@@ -100,7 +100,8 @@ class LazyTrainer(BandTrainer):
     def _prepare(self, W0: np.ndarray, moves: bool | None = None, **options: Any) -> None:
         """``moves``: keep each neuron's move since its anchor (:func:`keeps_moves`;
         default: up to :data:`~corrtree._config.LAZY_MOVE_MAX_DIM` features, explicit
-        models only, where :func:`moves_pay`); ``options``: :class:`~.band.BandTrainer`'s."""
+        models only, where :func:`moves_pay` prices them cheaper); ``options``:
+        :class:`~.band.BandTrainer`'s."""
         d = self.X.shape[1]
         keep = keeps_moves(moves, d, bool(getattr(W0, "implicit", False)))
         super()._prepare(W0, **options)
