@@ -757,3 +757,17 @@ def test_rough_copy_bounds_its_rows():
     X[7, 2] = 1e39  # beyond float32's range
     X32, err = rough_copy(X)
     assert X32.shape == (0, 7) and err == np.inf
+
+
+def test_due_dots_are_the_points_products_with_the_move():
+    """Every count (the passes of four points and the rest); only the first ``count``
+    entries of ``out`` are written."""
+    rng = np.random.default_rng(4)
+    X = rng.standard_normal((9, 13))
+    w = rng.standard_normal(13)
+    js = rng.integers(0, 9, 7)
+    for count in range(8):
+        out = np.full(8, np.nan)
+        _pairs.due_dots(X, js, count, w, out)
+        np.testing.assert_allclose(out[:count], X[js[:count]] @ w, rtol=1e-13, atol=1e-13)
+        assert np.isnan(out[count:]).all()

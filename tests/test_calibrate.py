@@ -38,6 +38,32 @@ def test_the_timed_loops_compute_both_routes_values():
     np.testing.assert_allclose(total, gram_vals[:, -1].sum() + sum(bounds), rtol=1e-12)
 
 
+def test_the_row_loops_compute_both_routes_due_values():
+    """The loops of the row rate do a visit's two ways to its due values: ``Σ_l dc_l
+    G[l, j]`` from the prefix's rows of G, and ``<x_j, Σ_l dc_l x_l>`` from the data, the
+    same values where ``G = XXᵀ``; each returns the sum of its first values."""
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((40, 7))
+    G = X @ X.T
+    points = rng.integers(0, 40, (5, 9)).astype(np.int32)
+    due = rng.integers(0, 40, (5, 6))
+    dc = rng.standard_normal(9)
+    firsts = []
+    for k in range(5):
+        want = G[np.ix_(points[k], due[k])].T @ dc
+        np.testing.assert_allclose(want, X[due[k]] @ (X[points[k]].T @ dc), rtol=1e-10)
+        gram, data = np.zeros(6), np.zeros(6)
+        _calibrate._rows_by_gram(G, points[k : k + 1], due[k : k + 1], dc, gram)
+        _calibrate._rows_by_move(X, points[k : k + 1], due[k : k + 1], dc, np.zeros(7), data)
+        np.testing.assert_allclose(gram, want, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(data, want, rtol=1e-12, atol=1e-12)
+        firsts.append(want[0])
+    total = _calibrate._rows_by_gram(G, points, due, dc, np.zeros(6))
+    assert total == pytest.approx(sum(firsts), rel=1e-12)
+    total = _calibrate._rows_by_move(X, points, due, dc, np.zeros(7), np.zeros(6))
+    assert total == pytest.approx(sum(firsts), rel=1e-12)
+
+
 def test_the_rate_is_measured_once_per_process_and_shape(fresh):
     rng = np.random.default_rng(0)
     X = rng.standard_normal((300, 24))
@@ -50,6 +76,10 @@ def test_the_rate_is_measured_once_per_process_and_shape(fresh):
     assert math.log2(first.scatter) == round(math.log2(first.scatter))
     clipped = min(max(first.measured, _calibrate.LOWEST), _calibrate.HIGHEST)
     assert abs(math.log2(first.scatter / clipped)) <= 0.5
+    # the rate of a read of a row of G at due points: the same rounding, its own number
+    assert first.row_measured > 0 and math.log2(first.row) == round(math.log2(first.row))
+    clipped = min(max(first.row_measured, _calibrate.LOWEST), _calibrate.HIGHEST)
+    assert abs(math.log2(first.row / clipped)) <= 0.5
     again = scatter_cost(G, X)
     assert again == first._replace(seconds=0.0)  # cached: nothing measured again
     other = scatter_cost(G[:200, :200], X[:200])
@@ -113,6 +143,7 @@ def test_the_visits_take_the_route_the_rate_chooses_and_keep_the_trajectory(
         hist, W, held[rate] = _pool_values(tmp_path, rate, model0, X, y, method)
         assert_same_trajectory(hist, W, *ref)
         assert hist.info["scatter_cost"] == float(rate)
+        assert hist.info["gram_row_cost"] == float(rate)  # both rates fixed by the one
         assert "calibration_s" not in hist.info  # fixed: nothing measured
     gram, data = held["1e-9"], held["1e9"]
     assert gram.shape == data.shape and not np.array_equal(gram, data)
@@ -123,6 +154,7 @@ def test_a_run_measures_the_rate_before_its_clock_and_reports_it(fresh):
     hist, _ = _run(model0, X, y, "lazy", iters=3)
     assert hist.info["calibration_s"] > 0
     assert hist.info["scatter_cost"] == scatter_cost(X @ X.T, X).scatter
+    assert hist.info["gram_row_cost"] == scatter_cost(X @ X.T, X).row
     again, _ = _run(model0, X, y, "kernel", iters=3)
     assert "calibration_s" not in again.info  # measured once per process
     assert again.info["scatter_cost"] == hist.info["scatter_cost"]

@@ -175,10 +175,6 @@ HEAP_BULK_DIV = 16
 SCATTER_COST = 50.0
 #: The same once G is too large for the cache (a miss to memory).
 SCATTER_COST_FAR = 200.0
-#: The kernel trainer evaluates a neuron's due pairs from the data (the move, then a
-#: dot product each: ``(|prefix| + due)·d`` flops) when the Gram identity's
-#: ``due·|prefix|`` reads of single rows of G would cost more at this many flops a read.
-GRAM_ROW_COST = 2.0
 #: The kernel trainer bounds a neuron's move by its part along this many principal
 #: directions of the data, exactly, plus the rest by the residual's norm.
 PROJECTION_RANK = 32

@@ -15,7 +15,7 @@ from ._clocks import entry_key, heap_key, sigma_of
 from ._pairs import (
     by_data,
     coef_eager,
-    data_dot,
+    due_dots,
     eval_ever,
     eval_ever_data,
     flip,
@@ -110,12 +110,24 @@ def _residual_move(since, zc, l1_c, xall, sq_c, ns, d, delta):
     return math.sqrt(max(quad, 0.0) + delta * sq_c) * _ROUND_UP
 
 
+@njit(cache=True, fastmath={"reassoc", "contract"})
+def _ever_from_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw, formed):
+    """:func:`~._pairs.eval_ever_data` compiled apart with reassociated sums (as
+    :func:`~._pairs.due_dots`): its dot products vectorize, where inlined into the visit
+    each would be a chain of ``d`` dependent adds.  Returns its bound on the distance
+    from the anchor."""
+    since, _ = eval_ever_data(r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw, formed)
+    return since
+
+
 # Inlined into :func:`_visit_range`, the visit runs with that function's floating-point
 # flags (numba inlines at the IR level; the flags an inlined function declares are
-# dropped), and so do the helpers it inlines (form_move(s), gram_block, dot4,
-# eval_ever_data; the lazy trainer's evaluate_rows compiles those it shares with reassoc
-# and contract). None here: with them the visits took the same time (docs/design.md), and
-# the screen's `later > drift` test stays an IEEE comparison.
+# dropped), and so do the helpers it inlines (form_move(s), gram_block, move_norm; the
+# lazy trainer's evaluate_rows compiles those it shares with reassoc and contract). None
+# here: the screen's `later > drift` test stays an IEEE comparison. The dot products of
+# the values from the data are the exception: `due_dots` and `_ever_from_data` are
+# compiled apart with both flags, so their sums vectorize (a chain of d dependent adds
+# a value otherwise; docs/design.md, "Or from the data").
 @njit(cache=True, inline="always")
 def visit(r, seg, nf, pool, a, E, G, X, X32, xnorm, parts, sc, drifts, work, rec, fpos):
     """Bring neuron ``r``, whose key has passed, to the current time (kernel trainer).
@@ -312,7 +324,7 @@ def visit(r, seg, nf, pool, a, E, G, X, X32, xnorm, parts, sc, drifts, work, rec
             if rough:  # formed from the float32 copy
                 since = _rough(since, l1_c, x32_err) * _ROUND_UP
         elif data:
-            since, _ = eval_ever_data(
+            since = _ever_from_data(
                 r, seg, pool, scratch, a, E, X, xnorm, eta_s, dw, unvisited or formed
             )
         else:
@@ -331,8 +343,6 @@ def visit(r, seg, nf, pool, a, E, G, X, X32, xnorm, parts, sc, drifts, work, rec
             exact_res = cert * _residual_move(since, zc, l1_c, xall, sq_c, ns, d, delta)
             res_drift[r] = min(res_drift[r], exact_res)
             res_now = res_drift[r]
-    else:
-        data = due * ns * gram_cost > (ns + due) * d
     best = np.inf
     stop = s0 if skip else s0 + ns if again else end  # re-anchoring recomputes the others
     if not (fresh or due):  # nothing to evaluate: the keys, and their minimum, stand
@@ -359,6 +369,8 @@ def visit(r, seg, nf, pool, a, E, G, X, X32, xnorm, parts, sc, drifts, work, rec
     if count:
         evaluated += count
         values = scratch[2]
+        if not fresh:  # the values the screen left: from the move, or from G
+            data = count * ns * gram_cost > (ns + count) * d
         if data:
             if not fresh:  # a fresh visit formed the move since the anchor in dw
                 form_move(dw, X, ej, dc, s0, s0 + ns)
@@ -366,8 +378,7 @@ def visit(r, seg, nf, pool, a, E, G, X, X32, xnorm, parts, sc, drifts, work, rec
                     since = move_norm(dw, l1_c, xall, ns)
                     exact_res = cert * _residual_move(since, zc, l1_c, xall, sq_c, ns, d, delta)
                     res_drift[r] = min(res_drift[r], exact_res)
-            for t in range(count):
-                values[t] = data_dot(X, due_at[1, t], dw)
+            due_dots(X, due_at[1], count, dw, values)
         else:
             gram_block(G, ej, dc, s0, ns, due_at[1], count, values)
         for t in range(count):

@@ -470,8 +470,10 @@ class BandTrainer(Trainer):
         """The exchange rate of the visits' two routes on this machine and data
         (:func:`~._calibrate.scatter_cost`: measured once per process and data shape,
         which :func:`corrtree.train` does before its clock starts)."""
-        self.scatter = scatter_cost(self.G, self.X).scatter
+        rate = scatter_cost(self.G, self.X)
+        self.scatter, self.gram_row = rate.scatter, rate.row
         self.info["scatter_cost"] = self.scatter
+        self.info["gram_row_cost"] = self.gram_row
 
     def _evaluate(
         self, rows: np.ndarray, err: np.ndarray, record: bool, parts: np.ndarray | None = None

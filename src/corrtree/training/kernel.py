@@ -165,7 +165,7 @@ class KernelTrainer(BandTrainer):
             R=float(st.R),
             cert=float(self.cert),
             scatter=self.scatter,
-            gram_cost=float(_config.GRAM_ROW_COST),
+            gram_cost=self.gram_row,
             full=bool(full),
             ahead=float(ahead),
             P=float(self.P),
