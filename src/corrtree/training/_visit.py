@@ -263,19 +263,23 @@ def visit(r, seg, nf, pool, a, E, G, X, X32, xnorm, parts, sc, drifts, work, rec
     slack = (delta * l1_c, 2.0 * (ns + k + 4) * _U64, l1_c * xall)
     exact = np.inf
     due = 0
+    due_out = 0  # of them outside the ever-fired prefix: computed on either branch below
     if drift >= nf[r, MINKEY]:  # else no entry is due (MINKEY is their smallest key)
         for q in range(s0, end):
             if key[q] <= drift:
                 due += 1
+                due_out += q >= s0 + ns
     centred = k > 0 and due > 0
     if centred:  # the screen's centre, Σ dc_l z_l: only a visit with due entries needs it
         _centre(zc, dc, Z, ej, s0, ns)
     fresh = full or (drift - anchor_drift[r]) * R >= nf[r, BETA]
     data = by_data(d, ns, scatter)
-    # from the data, with few due values, the values come from the move (lite) or from G;
-    # from G, the moves formed are only read for their norms: from X's float32 copy, half
-    # the bytes of X to stream, each norm then larger by at most Σ|c_l|·x32_err
-    lite = data and not full and due * min(d, gram_cost * ns) < ns * d
+    # from the data, with few due values, the values come from the move (lite) or from G:
+    # lite while they cost less than the ever-fired values and the due ones outside the
+    # prefix, which the other branch computes (from the move); from G, the moves formed
+    # are only read for their norms: from X's float32 copy, half the bytes of X to
+    # stream, each norm then larger by at most Σ|c_l|·x32_err
+    lite = data and not full and due * min(d, gram_cost * ns) < (ns + due_out) * d
     rough = lite and ns * gram_cost <= d and x32_err < np.inf
     formed = False  # whether dw holds the move since the anchor
     if fresh or 2 * due >= end - s0:  # most values are due: all of them, and the exact step
