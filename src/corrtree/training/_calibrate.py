@@ -35,7 +35,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .._jit import njit
-from ._pairs import data_dot, dot4, due_dots, form_move, gram_block
+from ._pairs import due_dots, form_move, gram_block
 
 __all__ = ["SCATTER_COST_VAR", "Rate", "fixed_rate", "measured_rates", "scatter_cost"]
 
@@ -109,23 +109,15 @@ def _by_gram(G, points, dc, vals):  # pragma: no cover - compiled
 
 @njit(cache=True, fastmath={"reassoc", "contract"})
 def _by_data(X, points, dc, dws, vals):  # pragma: no cover - compiled
-    """The data route's loops (:func:`~._pairs.form_move`, then
-    :func:`~._pairs.eval_ever_data`'s dot products, four rows a pass) over each row of
-    ``points``."""
+    """The data route's loops (:func:`~._pairs.form_move`, then a dot product a pair,
+    four rows a pass: :func:`~._pairs.due_dots`, the loop of
+    :func:`~._pairs.eval_ever_data`) over each row of ``points``."""
     total = 0.0
     ns = points.shape[1]
     for k in range(points.shape[0]):
         dw, val, ej = dws[k], vals[k], points[k]
         form_move(dw, X, ej, dc, 0, ns)
-        q = 0
-        while q + 4 <= ns:
-            val[q], val[q + 1], val[q + 2], val[q + 3] = dot4(
-                X, ej[q], ej[q + 1], ej[q + 2], ej[q + 3], dw
-            )
-            q += 4
-        while q < ns:
-            val[q] = data_dot(X, ej[q], dw)
-            q += 1
+        due_dots(X, ej, ns, dw, val)
         total += val[ns - 1]
     return total
 
