@@ -20,7 +20,7 @@ from naive import (
 
 from corrtree import _config
 from corrtree.training import _pairs
-from corrtree.training._anchors import BandState, pair_dots
+from corrtree.training._anchors import BandState, pair_dots, report_above
 from corrtree.training._clocks import own_clocks
 from corrtree.training._flips import apply_flips, apply_flips_by_rows, is_symmetric
 from corrtree.training._pool import (
@@ -204,6 +204,20 @@ def test_pair_dots_are_the_products_of_the_pairs():
     out = np.full(xj.shape[0], np.nan)
     pair_dots(W, wi, X, xj, out)
     np.testing.assert_allclose(out, np.einsum("pi,pi->p", W[wi], X[xj]), rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_report_above_lists_the_points_at_or_above_in_order(dtype):
+    rng = np.random.default_rng(5)
+    row = rng.standard_normal(301).astype(dtype)
+    row[[3, 77]] = dtype(0.25)  # at the threshold: reported
+    for thr in (0.25, -np.inf, np.inf, float(row.max()), 1.5):
+        want = np.flatnonzero(row >= thr)
+        out = np.full(7 + row.shape[0], -1, dtype=np.int64)  # room for pos + n
+        end = report_above(row, thr, out, 7)
+        assert end == 7 + want.shape[0]
+        np.testing.assert_array_equal(out[7:end], want)
+        assert (out[:7] == -1).all()  # nothing before pos is touched
 
 
 @pytest.mark.parametrize("K", [1, 3])

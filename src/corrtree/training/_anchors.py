@@ -81,11 +81,17 @@ def _to_float32(W, out, sq):
 @njit(cache=True, inline="always")
 def report_above(row, thr, out, pos):
     """Write every ``j`` with ``row[j] >= thr`` to ``out[pos:]``, in increasing order;
-    returns the position after the last.  O(n), streaming (the row was just made)."""
+    returns the position after the last.  O(n), streaming (the row was just made).
+
+    Without branches, as :func:`fill_new_anchors` scans: each ``j`` is written and kept
+    if it passes, so ``out`` must have room for ``pos + n`` entries (a row's kept points
+    and its other tracked points fit in ``n``, which every caller's buffer allows).  A
+    re-anchored row of W4 keeps about 250 of 4096 points, at places no branch predictor
+    learns: the scan took 2.6 µs a row with a test per point and 1.0-1.5 µs without
+    (two threads, 2-core AMD EPYC)."""
     for j in range(row.shape[0]):
-        if row[j] >= thr:
-            out[pos] = j
-            pos += 1
+        out[pos] = j
+        pos += row[j] >= thr
     return pos
 
 
