@@ -19,7 +19,7 @@ from naive import (
 )
 
 from corrtree import _config
-from corrtree.training import _pairs
+from corrtree.training import _outputs, _pairs
 from corrtree.training._anchors import BandState, pair_dots, report_above
 from corrtree.training._clocks import own_clocks
 from corrtree.training._flips import apply_flips, apply_flips_by_rows, is_symmetric
@@ -571,17 +571,17 @@ def test_weights_forward_and_firing_csr_against_brute_force():
         for q in range(st.seg[r, START], st.seg[r, START] + st.seg[r, SUPP])
         if pool.fire[q]
     ]
-    u = _pairs.forward(np.arange(st.m), st.seg, pool, st.a, st.b, 1 / np.sqrt(st.m), st.n)
+    u = _outputs.forward(np.arange(st.m), st.seg, pool, st.a, st.b, 1 / np.sqrt(st.m), st.n)
     want_u = outputs_from_values(firing, st.a, st.b, st.n, st.m)
     np.testing.assert_allclose(u, want_u, atol=1e-13)
     # the lazy trainer's way: shares of two sets of neurons in fixed chunks, summed
     first, rest = np.arange(0, st.m, 2), np.arange(1, st.m, 2)
-    parts = _pairs.firing_sums(first, st.seg, pool, st.a, st.b, st.n)
-    more = _pairs.firing_sums(rest, st.seg, pool, st.a, st.b, st.n)
+    parts = _outputs.firing_sums(first, st.seg, pool, st.a, st.b, st.n)
+    more = _outputs.firing_sums(rest, st.seg, pool, st.a, st.b, st.n)
     assert parts.shape == (min(first.shape[0], 64), st.n, st.a.shape[1])
-    u2 = _pairs.sum_parts(parts, more, 1 / np.sqrt(st.m))
+    u2 = _outputs.sum_parts(parts, more, 1 / np.sqrt(st.m))
     np.testing.assert_allclose(u2, want_u, atol=1e-13)
-    none = _pairs.firing_sums(first[:0], st.seg, pool, st.a, st.b, st.n)
+    none = _outputs.firing_sums(first[:0], st.seg, pool, st.a, st.b, st.n)
     assert none.shape[0] == 1 and not none.any()
     indptr, idx = st.firing_csr()
     keys = np.sort([r * st.n + j for r, j, _ in firing]).astype(np.int64)

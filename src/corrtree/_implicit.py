@@ -27,7 +27,7 @@ __all__ = ["ImplicitWeights", "StoredWeights", "forward_rows"]
 def _subtract(out, rows, start, indptr, cols, coef, X):
     """``out[k] -= Σ_q coef[q]·X[cols[q]]`` over the coefficients of row
     ``start + k`` (``rows`` empty) or ``rows[k]``, four a pass in the order
-    of :func:`~corrtree.training._pairs.materialize` (the same sums, bit for bit).
+    of :func:`~corrtree.training._outputs.materialize` (the same sums, bit for bit).
     O(d · coefficients)."""
     d = X.shape[1]
     for k in prange(out.shape[0]):

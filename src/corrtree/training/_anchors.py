@@ -27,7 +27,7 @@ from numba import prange
 from .. import _config
 from .._implicit import StoredWeights
 from .._jit import njit
-from ._pairs import materialize
+from ._outputs import materialize
 from ._pool import BETA, CNT, LEAF_ERR, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP, Pool, zeros
 from ._sparse import firing_csr
 

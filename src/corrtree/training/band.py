@@ -19,18 +19,14 @@ from .._validation import available_memory
 from ._anchors import BandState
 from ._base import Trainer
 from ._calibrate import scatter_cost
+from ._moves import evaluate_by_move, leave_moves, prefetch_moved
+from ._outputs import add_firing, coefficients, forward
 from ._pairs import (
-    add_firing,
     by_data,
-    coefficients,
     dot_row,
-    evaluate_by_move,
     evaluate_neuron,
-    forward,
-    leave_moves,
     needs_reanchor,
     prefetch_block,
-    prefetch_moved,
     prefetch_segment,
     refresh_keys,
 )
@@ -102,7 +98,7 @@ def evaluate_rows(rows, seg, nf, pool, a, E, err, G, X, xnorm, sc, rec, out, par
     "The lazy trainer").
 
     With ``move`` of shape ``(m, d)`` (the lazy trainer's moves since the anchors; empty
-    ``(0, d)`` otherwise) and ``err`` non-empty, :func:`~._pairs.evaluate_by_move`
+    ``(0, d)`` otherwise) and ``err`` non-empty, :func:`~._moves.evaluate_by_move`
     takes the place of :func:`~._pairs.evaluate_neuron`.
     """
     ej, val, fire = pool.j, pool.val, pool.fire

@@ -24,7 +24,7 @@ Per iteration: O(Σ_r |ever_r|² / 2 + evaluations of expiring pairs), where
 
 Up to :data:`~corrtree._config.LAZY_MOVE_MAX_DIM` features (explicit models), where
 the set-up's fire sets price it cheaper (:func:`moves_pay`), each neuron's move since
-its anchor is kept instead and stepped exactly (:func:`~._pairs.evaluate_by_move`):
+its anchor is kept instead and stepped exactly (:func:`~._moves.evaluate_by_move`):
 O(d·(firing pairs + expiring pairs)) a step, with the ever-fired pairs that stopped
 firing evaluated by their keys like any other.
 """
@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 
 from .. import _config
-from ._pairs import firing_sums, refresh_keys, sum_parts
+from ._outputs import firing_sums, sum_parts
+from ._pairs import refresh_keys
 from ._pool import NFIRE
 from ._state import Field, Scalar, Schema, fail
 from .band import BAND_FIELDS, BAND_SCALARS, BandTrainer
