@@ -32,7 +32,7 @@ from .._device import synchronize
 from ..model import TwoLayerReLU
 from ..training import train
 from ._util import in_child, print_table, save_result
-from .device_count import H200
+from .op_counts import H200
 from .rates import measure_rates
 from .workloads import WORKLOADS, load, one_run
 
@@ -232,7 +232,8 @@ def plan(cfg: dict[str, Any]) -> dict[str, Any]:
     priced by the validated model (:mod:`.device_count`), every CPU run at its budget
     plus a fresh process.  Past :data:`PLAN_LIMIT_S` the device runs' budget shrinks
     (to 3 s at least), then CPU cases are dropped from the end; the plan says which."""
-    from .device_count import count_dense_step, modelled_seconds
+    from .device_count import count_dense_step
+    from .op_counts import modelled_seconds
 
     cfg = dict(cfg)
     cases = _cases(cfg)
@@ -406,13 +407,14 @@ def _model_check(X, Y, base, runs, iters, steps, dev, rates) -> dict[str, Any]:
     Each device method that ran is run again for its first ``steps`` steps with every
     operation counted (:func:`~.device_count.count_train`, at the run's learning rate)
     and priced with ``rates`` (the device's measured ones; the stored
-    :data:`~.device_count.H200` when ``None``); the prediction of those steps, set-up
+    :data:`~.op_counts.H200` when ``None``); the prediction of those steps, set-up
     included, against their measured time in the run (its set-up without ``lr="auto"``,
     and its first ``steps`` iterations).  PyTorch dense float64: one step counted on the
     host at width 1024, scaled to the width (as :func:`~.device_count.validate_dense`),
     times the iterations, against its run.  Returns ``{method: {"predicted_s",
     "measured_s", "ratio", ...}}``."""
-    from .device_count import count_dense_step, count_train, modelled_seconds
+    from .device_count import count_dense_step, count_train
+    from .op_counts import modelled_seconds
 
     priced = rates if rates is not None else H200
     out: dict[str, Any] = {"rates": "measured" if rates is not None else "stored"}
