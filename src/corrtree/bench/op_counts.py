@@ -245,6 +245,17 @@ def _places(indices: Any) -> float:
     return float(math.prod(torch.broadcast_shapes(*(ix.shape for ix in tensors))))
 
 
+def _count_upload(c: Counts, out: Any, kwargs: dict[str, Any]) -> None:
+    """One host-to-device copy of ``out``: a launch and its bytes, queued with
+    ``non_blocking=True`` (pinned memory), else a synchronizing upload."""
+    if kwargs.get("non_blocking", False):
+        c.queued_uploads += 1
+    else:
+        c.uploads += 1
+    c.launches += 1
+    c.upload_bytes += _nbytes(out)
+
+
 class OpCounter:
     """Counts what the device code inside ``with OpCounter() as c:`` dispatches, into
     ``c.counts`` (:class:`Counts`); ``rates`` prices each operation's work as it is
@@ -416,12 +427,7 @@ class OpCounter:
                     c.launches += 1
             elif kind == "to":
                 if args[0].device.type == "cpu" and out.device.type != "cpu":
-                    if kwargs.get("non_blocking", False):
-                        c.queued_uploads += 1
-                    else:
-                        c.uploads += 1
-                    c.launches += 1
-                    c.upload_bytes += _nbytes(out)
+                    _count_upload(c, out, kwargs)
             elif kind == "upload":
                 for t in _tensors(out):
                     if t.device.type != "cpu":
@@ -464,12 +470,7 @@ class OpCounter:
                     return original(*args, **kwargs)
                 with _disable_current_modes():  # on the CPU to(cpu) is the tensor itself
                     out = original(*args, **kwargs).detach().clone()
-                if kwargs.get("non_blocking", False):
-                    c.queued_uploads += 1
-                else:
-                    c.uploads += 1
-                c.launches += 1
-                c.upload_bytes += _nbytes(out)
+                _count_upload(c, out, kwargs)
                 return out
             if kind in ("download", "to_host"):
                 source = args[0]
