@@ -240,16 +240,16 @@ def test_device_lazy_batch_holds_exactly_the_expired_rows(monkeypatch):
     """Each re-anchoring batch of the device lazy trainer is the :func:`capacity` of the
     rows it re-anchors (the step's own count, read first), never a batch sized from
     earlier steps; the trajectory is dense's."""
-    from corrtree.training import device_band
+    from corrtree.training import device_band, device_lazy
 
     batches = []
-    inner = device_band.DeviceLazyTrainer._reanchor
+    inner = device_lazy.DeviceLazyTrainer._reanchor
 
     def counted(self, rows, live, before):
         batches.append((rows.numel(), int(live.sum()), self.m))
         return inner(self, rows, live, before)
 
-    monkeypatch.setattr(device_band.DeviceLazyTrainer, "_reanchor", counted)
+    monkeypatch.setattr(device_lazy.DeviceLazyTrainer, "_reanchor", counted)
     got = _counted("W1", "lazy", 1024)
     assert sum(got["history"].reanchored[1:]) > 0 and len(batches) > 3
     for size, live, m in batches:
@@ -490,8 +490,8 @@ def test_device_set_up_makes_one_float64_gemm_of_the_rows(method):
     rows with the points, one float64 GEMM of ``2·m·(n+1)·d`` flops, without a GEMM of
     the zero coefficients with ``X`` (and the lazy trainer without a second GEMM for its
     values at ``W(0)``, which are its anchored products)."""
-    from corrtree.training.device_band import DeviceLazyTrainer
     from corrtree.training.device_kernel import DeviceKernelTrainer
+    from corrtree.training.device_lazy import DeviceLazyTrainer
 
     cls = {"lazy": DeviceLazyTrainer, "kernel": DeviceKernelTrainer}[method]
     rng = np.random.default_rng(0)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from ._base import Trainer
 from .dense import DenseTrainer
-from .device_band import DeviceLazyTrainer
 from .device_dense import DeviceDenseTrainer
 from .device_kernel import DeviceKernelTrainer
+from .device_lazy import DeviceLazyTrainer
 from .dtree import DTreeTrainer
 from .kernel import KernelTrainer
 from .lazy import LazyTrainer
