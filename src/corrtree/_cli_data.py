@@ -1,8 +1,10 @@
 """The command line's data: built-in sets or the user's files, their targets, and
-accuracy."""
+accuracy; the points ``corrtree predict`` reads, and the loss a saved model was trained
+with."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +13,7 @@ from . import datasets
 from .model import TwoLayerReLU
 from .preprocessing import InputTransform
 
-__all__ = ["CliError", "accuracy_of", "load_data"]
+__all__ = ["CliError", "accuracy_of", "load_data", "predict_inputs", "trained_loss"]
 
 
 class CliError(Exception):
@@ -90,3 +92,74 @@ def accuracy_of(
     if ds.task == "regression" or len(y) == 0:
         return None
     return datasets.accuracy(y, model.predict(X))
+
+
+def trained_loss(model_path: Path) -> str:
+    """The loss a model written by ``corrtree train`` was trained with, if it gives
+    probabilities (the ``summary.json`` beside it)."""
+    summary = model_path.resolve().parent / "summary.json"
+    try:
+        loss = json.loads(summary.read_text())["loss"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise CliError(
+            f"--proba needs the loss {model_path} was trained with, from {summary} "
+            "(written by corrtree train beside model.npz): it is missing or unreadable"
+        ) from None
+    if loss not in ("logistic", "cross_entropy"):
+        raise CliError(
+            f"--proba: {model_path} was trained with the {loss} loss, which gives no "
+            "probabilities (train with --loss cross_entropy or logistic)"
+        )
+    return str(loss)
+
+
+def predict_inputs(path: str, d: int, header: bool | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Rows of ``d`` features from a .npz (X, optional y) or a .csv file (``d``
+    columns, or ``d + 1`` with the label last)."""
+    p = Path(path)
+    if p.suffix.lower() == ".npz":
+        if p.is_dir() or not p.is_file():
+            raise CliError(f"data file {path} {'is a folder' if p.is_dir() else 'does not exist'}")
+        try:
+            with np.load(p, allow_pickle=False) as data:
+                if "X" not in data.files:
+                    raise CliError(f"{path} has no array X")
+                X = np.asarray(data["X"])
+                y = np.asarray(data["y"]) if "y" in data.files else None
+        except CliError:
+            raise
+        except Exception as exc:
+            raise CliError(f"cannot read data file {path}: {exc}") from exc
+        if X.ndim != 2 or X.dtype.kind not in "biuf":
+            raise CliError(
+                f"X in {path} must be a 2-D numeric array (one row of {d} features "
+                f"per point), got shape {X.shape} and dtype {X.dtype}"
+            )
+        if X.shape[1] != d:
+            raise CliError(f"X in {path} has {X.shape[1]} features but the model expects {d}")
+        if y is not None and (y.dtype.kind not in "biuf" or y.shape[:1] != X.shape[:1]):
+            y = None
+    elif p.suffix.lower() == ".csv":
+        try:
+            table = datasets.read_csv(p, header)
+        except ValueError as exc:
+            raise CliError(f"cannot read data file {path}: {exc}") from None
+        cols = table.values.shape[1]
+        if cols not in (d, d + 1):
+            raise CliError(
+                f"{path} has {cols} columns; the model expects {d} features (or "
+                f"{d + 1} columns with a label last)"
+            )
+        try:
+            X = table.numeric(stop=d)
+        except ValueError as exc:
+            raise CliError(f"cannot read data file {path}: {exc}") from None
+        y = table.labels(d) if cols == d + 1 else None
+    else:
+        raise CliError(f"data file {path}: unknown format (use .npz or .csv)")
+    X = X.astype(np.float64)
+    if X.shape[0] == 0:
+        raise CliError(f"{path} has no rows")
+    if not np.isfinite(X).all():
+        raise CliError(f"{path} contains NaN or infinite values")
+    return X, None if y is None else y.astype(np.float64) if y.dtype.kind in "biuf" else y
