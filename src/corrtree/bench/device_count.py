@@ -102,9 +102,9 @@ def _h200_memory(free: float = 139.0 * 2**30) -> Iterator[None]:
     answer ``free`` (the counting sizes are chosen to fit this host); and their choices
     priced with its rates (:data:`~corrtree._config.DEVICE_RATES`: a counted ``cpu``
     tensor stands for a ``cuda`` one)."""
-    from ..training import device_band, device_dense, device_kernel
+    from ..training import device_band, device_counts, device_dense, device_kernel
 
-    modules = (device_band, device_dense, device_kernel)
+    modules = (device_band, device_counts, device_dense, device_kernel)
     saved = [m.free_bytes for m in modules]
     rates = _config.DEVICE_RATES["cpu"]
     for m in modules:
