@@ -1,6 +1,7 @@
 """Training 2NN(m, b) by gradient descent: full batch or mini-batch SGD."""
 
-from ._train import METHODS, TrainingDiverged, Warmup, resume, train, warmup
+from ._resume import resume
+from ._train import METHODS, TrainingDiverged, Warmup, train, warmup
 from .checkpoint import CheckpointError
 from .history import History
 

@@ -15,7 +15,6 @@ import numpy as np
 from .. import _config
 from .._io import remove_stale_temporaries
 from .._threads import quiet_blas
-from .._validation import as_matrix
 from ..model import TwoLayerReLU
 from ._base import Trainer
 from ._calibrate import fixed_rate, scatter_cost
@@ -32,15 +31,14 @@ from ._choice import (
 )
 from ._loop import STOP_SIGNALS, Run, TrainingDiverged, check_divergence, check_eval_set
 from ._registry import DEVICE_TRAINERS, METHODS, TRAINERS
-from ._state import CheckpointError
 from ._warmup import WARM_METHODS, Warmup, ensure
 from .band import BandTrainer
-from .checkpoint import FORMAT, data_digest, load_checkpoint, read_manifest, save_checkpoint
+from .checkpoint import data_digest, save_checkpoint
 from .history import History
 from .losses import LOSSES, Loss, get_loss
 from .optim import SGD
 
-__all__ = ["METHODS", "TrainingDiverged", "Warmup", "resume", "train", "warmup"]
+__all__ = ["METHODS", "TrainingDiverged", "Warmup", "train", "warmup"]
 
 
 def train(
@@ -302,7 +300,7 @@ def train(
                 loss_,
             )
             run = Run(sgd, eval_set, loss_)
-            return _run(model, trainer, hist, meta, callback, checkpoint, run)
+            return run_steps(model, trainer, hist, meta, callback, checkpoint, run)
         except TrainingDiverged as exc:
             if lr != "auto" or halvings == lr_retries:
                 raise
@@ -385,7 +383,7 @@ def _make(
         # the one-time loading (or compiling) of the method's kernels is not part of the run
         took = ensure(train, method, sgd.linear, model.implicit)
         # nor is measuring this machine's exchange rate of the visits' routes
-        calibration = _calibrate_visits(method, G, X)
+        calibration = calibrate_visits(method, G, X)
         if calibration:
             info["calibration_s"] = calibration
         trainer = TRAINERS[method](model, X, Y, G, lr, loss, **options)
@@ -406,140 +404,14 @@ def _make(
     return trainer, hist
 
 
-def resume(
-    path: str | os.PathLike,
-    X: np.ndarray,
-    y: np.ndarray,
-    callback: Callable[[int, History], bool | None] | None = None,
-    *,
-    iters: int | None = None,
-    checkpoint: str | os.PathLike | None = None,
-    run_id: str | None = None,
-    client: Any = None,
-    shards: int | None = None,
-    schedule: Callable[[int], float] | None = None,
-    eval_set: tuple[np.ndarray, np.ndarray] | None = None,
-    device: Any = None,
-    loss: str | None = None,
-) -> tuple[TwoLayerReLU, History]:
-    """Continue a run from a checkpoint written by :func:`train`.
-
-    The trainer's whole state is restored, so the run ends with exactly the
-    weights of an uninterrupted one.  ``X`` and ``y`` must be the training
-    data of the checkpoint (checked by a SHA-256 digest).  ``iters`` is the
-    total number of iterations (default: the checkpointed run's).  Further
-    checkpoints go to ``checkpoint`` (default: ``path``).  With ``run_id``,
-    the checkpoint must belong to that run.  A sharded checkpoint resumes on
-    ``client``'s workers (or in this process without one): bit for bit with
-    the same number of shards, from ``W(t)`` with another (``shards``: how
-    many; default one per worker, or as many as the checkpoint has).  The
-    optimizer, its momentum buffers and the batch order continue as they were;
-    a run with a callable ``schedule`` needs it again, and ``eval_set`` gives
-    held-out data for the remaining epochs.  ``device`` continues a one-process run on
-    the array path of that torch device (a checkpoint written on any device resumes
-    on any other, or on the CPU trainers with ``device=None``).  The run continues with
-    its own loss (recorded in the checkpoint); ``loss``, when given, must be that one.
-
-    Returns
-    -------
-    model : TwoLayerReLU
-        The model, trained to the end.
-    history : History
-        The whole history, from iteration 0.
-    """
-    from ..distributed import SHARDED_FORMAT, resume_sharded
-
-    remove_stale_temporaries(path)
-    manifest = read_manifest(path, (FORMAT, SHARDED_FORMAT))
-    if not isinstance(manifest.get("meta"), dict):
-        raise CheckpointError(f"{path}: the manifest has no run metadata")
-    if run_id is not None and manifest["meta"].get("run_id") != run_id:
-        raise CheckpointError(
-            f"{path} belongs to another run (id "
-            f"{manifest['meta'].get('run_id')!r}, expected {run_id!r})"
-        )
-    Xc = as_matrix("X", X)
-    d = manifest["history"].get("d")
-    if isinstance(d, int) and Xc.shape[1] != d:
-        raise ValueError(f"X has {Xc.shape[1]} columns but the checkpointed model has d={d}")
-    outputs = manifest["history"].get("outputs")
-    if not isinstance(outputs, int) or outputs < 1:
-        raise CheckpointError(f"{path}: bad history (outputs {outputs!r})")
-    recorded_loss = manifest["meta"].get("loss", "squared")  # written before losses: squared
-    try:
-        run_loss = get_loss(recorded_loss)
-    except ValueError:
-        raise CheckpointError(f"{path}: unknown loss {recorded_loss!r}") from None
-    if loss is not None and get_loss(loss).name != run_loss.name:
-        raise ValueError(
-            f"loss={loss!r}, but the checkpointed run trains loss={run_loss.name!r}; "
-            "a run resumes with its own loss"
-        )
-    Y = run_loss.targets(y, Xc.shape[0], outputs)
-    recorded = manifest["meta"].get("sgd", {})
-    if not isinstance(recorded, dict):
-        raise CheckpointError(f"{path}: bad optimizer {recorded!r}")
-    if recorded.get("schedule") == "callable" and schedule is None:
-        raise ValueError("the run used a callable schedule: pass it again as schedule=")
-    try:
-        run = Run(SGD.from_meta(recorded, schedule), eval_set, run_loss)
-    except (TypeError, ValueError) as exc:
-        raise CheckpointError(f"{path}: bad optimizer ({exc})") from exc
-    fixed_rate()  # a bad CORRTREE_SCATTER_COST is refused before anything loads
-    dev = None
-    if device is not None:
-        from .._device import resolve
-
-        dev = resolve(device)
-        if manifest["format"] == SHARDED_FORMAT:
-            raise ValueError("device= resumes one-process checkpoints only (this one is sharded)")
-    if manifest["format"] == SHARDED_FORMAT:
-        return resume_sharded(
-            path,
-            manifest,
-            Xc,
-            Y,
-            client,
-            callback,
-            checkpoint,
-            None if iters is None else check_iters(iters),
-            shards,
-            run,
-        )
-    method = manifest.get("trainer")
-    took = (
-        ensure(train, method, run.sgd.linear, _holds_implicit(path))
-        if method in WARM_METHODS and dev is None
-        else Warmup(0.0, 0)
-    )
-    G = Xc @ Xc.T
-    calibration = _calibrate_visits(method, G, Xc) if dev is None else 0.0
-    model, trainer, hist, meta = load_checkpoint(path, Xc, Y, G, dev)
-    hist.info["compile_s"], hist.info["compiled"] = took.seconds, took.compiled
-    if calibration:
-        hist.info["calibration_s"] = calibration
-    if iters is not None:
-        meta["iters"] = check_iters(iters)
-    return model, _run(model, trainer, hist, meta, callback, checkpoint or path, run)
-
-
-def _calibrate_visits(method: str | None, G: np.ndarray, X: np.ndarray) -> float:
+def calibrate_visits(method: str | None, G: np.ndarray, X: np.ndarray) -> float:
     """For the band trainers, measure the exchange rate of their visits' routes
     (:func:`~._calibrate.scatter_cost`, once per process and data shape) before the run's
     clock starts; returns the seconds it took (0 when measured already)."""
     return scatter_cost(G, X).seconds if method in ("lazy", "kernel") else 0.0
 
 
-def _holds_implicit(path: str | os.PathLike) -> bool:
-    """Whether the checkpoint at ``path`` holds an implicit model (its members' names)."""
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return "model_w_seed" in data.files
-    except (OSError, ValueError):
-        return False  # load_checkpoint names what is wrong with the file
-
-
-def _run(
+def run_steps(
     model: TwoLayerReLU,
     trainer: Trainer,
     hist: History,
