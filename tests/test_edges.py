@@ -108,6 +108,81 @@ def test_export_into_a_missing_folder_creates_it(tmp_path):
     np.testing.assert_array_equal(np.load(path), model.weights())
 
 
+def test_a_checkpoint_that_cannot_be_written_is_refused_before_the_first_step(tmp_path):
+    """A checkpoint path that is a folder, or lies under a file, is refused in one line
+    naming ``checkpoint`` before any step (not at the first save, after the work);
+    ``resume`` checks its ``checkpoint`` the same way.  A missing folder is fine: the
+    first save makes it."""
+    ds = ct.datasets.sphere(n=32, d=6, seed=0)
+    X, y = ds.X_train, ds.y_train
+    model = ct.TwoLayerReLU.init(d=6, m=64, seed=0)
+    steps = []
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    cases = {tmp_path: "is a folder", blocker / "ck.npz": re.escape(f"{blocker} is a file")}
+    for bad, why in cases.items():
+        with pytest.raises(ValueError, match=f"^checkpoint='{re.escape(str(bad))}': {why}"):
+            ct.train(
+                model,
+                X,
+                y,
+                method="lazy",
+                iters=3,
+                checkpoint=bad,
+                checkpoint_every=1,
+                callback=lambda t, h: steps.append(t),
+            )
+    assert steps == [] and sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+    good = tmp_path / "not" / "yet" / "ck.npz"
+    ct.train(model, X, y, method="lazy", iters=2, checkpoint=good, checkpoint_every=1)
+    with pytest.raises(ValueError, match=r"^checkpoint=.*: is a folder"):
+        ct.resume(good, X, y, iters=3, checkpoint=tmp_path)
+    ct.resume(good, X, y, iters=3)  # the good one still resumes
+
+
+def test_saving_onto_a_folder_or_under_a_file_names_the_path_and_leaves_nothing(tmp_path):
+    """``save`` onto a folder, or below a file, is refused in one line naming the path,
+    and no temporary file is left in the folder above (it would be written there)."""
+    model = ct.TwoLayerReLU.init(d=4, m=16, seed=0)
+    target = tmp_path / "models"
+    target.mkdir()
+    with pytest.raises(
+        IsADirectoryError, match=re.escape(f"is a folder; give a file name: '{target}'")
+    ):
+        model.save(target)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    with pytest.raises(NotADirectoryError, match=re.escape(f"{blocker} is a file")):
+        model.save(blocker / "m.npz")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "models"]
+    assert blocker.read_text() == "x" and not any(target.iterdir())
+
+
+def test_files_that_are_not_npz_archives_are_named_so_without_pickle_advice(tmp_path):
+    """A model, checkpoint or data file that is a single ``.npy`` array or not numpy's at
+    all gets one line saying what it is, never numpy's offer to unpickle it."""
+    X = np.zeros((4, 3))
+    npy, text = tmp_path / "a.npy", tmp_path / "b.npz"
+    np.save(npy, X)
+    text.write_text("not an archive")
+    loaders = {
+        "model file": ct.TwoLayerReLU.load,
+        "checkpoint": lambda p: ct.resume(p, X, X[:, 0]),
+        "data file": ct.datasets.load_file,
+    }
+    for what, load in loaders.items():
+        for path, why in ((npy, "a single .npy array"), (text, "not an .npz archive")):
+            if what == "data file" and path == npy:
+                why = "unknown format"  # a data file is chosen by its suffix first
+            with pytest.raises(ValueError) as info:
+                load(path)
+            msg = str(info.value)
+            assert f"cannot read {what} {path}: {why}" in msg and "pickle" not in msg.replace(
+                "without pickle", ""
+            ), msg
+            assert "\n" not in msg
+
+
 # -- 2. combinations no method takes ----------------------------------------------------
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from . import datasets
+from ._io import open_npz
 from .model import TwoLayerReLU
 from .preprocessing import InputTransform
 
@@ -121,7 +122,7 @@ def predict_inputs(path: str, d: int, header: bool | None) -> tuple[np.ndarray, 
         if p.is_dir() or not p.is_file():
             raise CliError(f"data file {path} {'is a folder' if p.is_dir() else 'does not exist'}")
         try:
-            with np.load(p, allow_pickle=False) as data:
+            with open_npz(p) as data:
                 if "X" not in data.files:
                     raise CliError(f"{path} has no array X")
                 X = np.asarray(data["X"])

@@ -21,7 +21,9 @@ __all__ = [
     "atomic_write_json",
     "atomic_write_npy",
     "atomic_write_text",
+    "check_file_target",
     "digest_of",
+    "open_npz",
     "remove_stale_temporaries",
 ]
 
@@ -32,7 +34,7 @@ def _atomic(path: str | os.PathLike, write, size: float = 0) -> Path:
     take, refused in one line (``ENOSPC``, naming ``path``) when the disk has less room
     left; a disk that fills during the write also leaves ``path`` as it was and no
     temporary file behind."""
-    path = Path(path)
+    path = check_file_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if size:
         free = shutil.disk_usage(path.parent).free
@@ -58,6 +60,40 @@ def _atomic(path: str | os.PathLike, write, size: float = 0) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def check_file_target(path: str | os.PathLike) -> Path:
+    """``path`` as a file that can be written: not a folder, and every folder above it
+    either a folder or absent (made when written).  Raises ``IsADirectoryError`` or
+    ``NotADirectoryError`` in one line naming the path; checks names only, writes
+    nothing, so a run can refuse a bad target before its first step."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a folder; give a file name", str(path))
+    for above in path.parents:
+        if above.exists():
+            if not above.is_dir():
+                raise NotADirectoryError(
+                    errno.ENOTDIR, f"{above} is a file, so it cannot hold one", str(path)
+                )
+            break
+    return path
+
+
+def open_npz(path: str | os.PathLike) -> np.lib.npyio.NpzFile:
+    """``np.load(path, allow_pickle=False)`` of an ``.npz`` archive, to be closed by the
+    caller (a ``with`` block).  A file that is not one raises ``ValueError`` saying so:
+    a single ``.npy`` array (``np.load`` would return it), or anything numpy does not
+    recognize (which numpy would offer to unpickle: corrtree never does)."""
+    try:
+        data = np.load(path, allow_pickle=False)
+    except ValueError as exc:
+        if "pickle" not in str(exc):
+            raise
+        raise ValueError("not an .npz archive (corrtree reads its files without pickle)") from None
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise ValueError("a single .npy array, not an .npz archive")
+    return data
 
 
 def atomic_write_npy(

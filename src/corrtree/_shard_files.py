@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ._io import atomic_savez, remove_stale_temporaries
+from ._io import atomic_savez, open_npz, remove_stale_temporaries
 from .model import TwoLayerReLU
 from .training._registry import TRAINERS
 from .training._state import CheckpointError
@@ -59,7 +59,7 @@ def check_manifest(path: Path, manifest: dict[str, Any]) -> None:
 
 
 def arrays_of(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as data:
+    with open_npz(path) as data:
         return {k: np.array(data[k]) for k in data.files if k != "manifest"}
 
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Callable
 
 import numpy as np
 
+from ._io import check_file_target
 from ._memory import format_bytes, system_available
 
 __all__ = [
@@ -60,6 +62,19 @@ def widest_fitting(bytes_at: Callable[[int], float], m: int, available: float | 
     while width >= 1 and bytes_at(width) > avail:
         width //= 2
     return width if width < m else 0
+
+
+def check_file_path(name: str, path: object) -> str | os.PathLike:
+    """A file path the run may write later (a checkpoint): a string or path, not a folder,
+    under folders that are folders or absent (``_io.check_file_target``).  One line
+    naming ``name`` otherwise, before any work, rather than at the first save."""
+    if not isinstance(path, str | os.PathLike) or not str(path):
+        raise ValueError(f"{name} must be a file path, got {path!r}")
+    try:
+        check_file_target(path)
+    except OSError as exc:
+        raise ValueError(f"{name}={str(path)!r}: {exc.strerror}") from None
+    return path
 
 
 def check_shape_2d(name: str, A: object) -> tuple[int, int]:

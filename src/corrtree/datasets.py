@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ._io import open_npz
 from ._validation import check_positive_int
 from .preprocessing import InputTransform, unit_rows
 
@@ -226,7 +227,7 @@ def load_file(path: str | os.PathLike, header: bool | None = None) -> tuple[np.n
     suffix = path.suffix.lower()
     try:
         if suffix == ".npz":
-            with np.load(path, allow_pickle=False) as data:
+            with open_npz(path) as data:
                 missing = {"X", "y"} - set(data.files)
                 if missing:
                     raise ValueError(f"needs arrays X and y, missing {sorted(missing)}")

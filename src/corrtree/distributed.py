@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from . import _config, _validation
+from ._io import open_npz
 from ._shard import SHARD_THREADS, Shard
 from ._shard_files import SHARDED_FORMAT, arrays_of, check_manifest, save_shards
 from ._threads import OPENBLAS_THREAD_TIMEOUT
@@ -397,7 +398,7 @@ def _drive(model, X, Y, pool, slices, parts, hist, meta, callback, checkpoint, r
 
 def _implicit_run(path: Path) -> bool:
     """Whether the sharded checkpoint at ``path`` holds an implicit model."""
-    with np.load(path, allow_pickle=False) as data:
+    with open_npz(path) as data:
         return "model_w_seed" in data.files
 
 

@@ -16,7 +16,7 @@ from numpy.typing import ArrayLike
 
 from . import _config, _philox, _validation
 from ._implicit import ImplicitWeights, StoredWeights, forward_rows
-from ._io import atomic_savez, atomic_write_npy, digest_of
+from ._io import atomic_savez, atomic_write_npy, digest_of, open_npz
 from ._validation import (
     as_matrix,
     check_indices,
@@ -463,7 +463,7 @@ class TwoLayerReLU:
         model, also if its digest does not match its contents).
         """
         try:
-            with np.load(path, allow_pickle=False) as data:
+            with open_npz(path) as data:
                 fmt = str(data["format"]) if "format" in data.files else ""
                 if fmt == _IMPLICIT_FORMAT:
                     return cls._load_implicit(data)

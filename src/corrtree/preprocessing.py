@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._io import open_npz
 from ._validation import as_matrix
 
 __all__ = ["InputTransform", "load_transform", "unit_rows"]
@@ -115,7 +116,7 @@ class InputTransform:
 def load_transform(path: str | os.PathLike, d: int) -> InputTransform | None:
     """The input transform stored in a model file (``None`` if it has none)."""
     try:
-        with np.load(path, allow_pickle=False) as data:
+        with open_npz(path) as data:
             return InputTransform.from_arrays({k: data[k] for k in data.files}, d)
     except FileNotFoundError:
         raise

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from .._io import remove_stale_temporaries
-from .._validation import as_matrix
+from .._io import open_npz, remove_stale_temporaries
+from .._validation import as_matrix, check_file_path
 from ..model import TwoLayerReLU
 from ._calibrate import fixed_rate
 from ._choice import check_iters
@@ -69,6 +69,8 @@ def resume(
     """
     from ..distributed import SHARDED_FORMAT, resume_sharded
 
+    if checkpoint is not None:
+        checkpoint = check_file_path("checkpoint", checkpoint)
     remove_stale_temporaries(path)
     manifest = read_manifest(path, (FORMAT, SHARDED_FORMAT))
     if not isinstance(manifest.get("meta"), dict):
@@ -146,7 +148,7 @@ def resume(
 def _holds_implicit(path: str | os.PathLike) -> bool:
     """Whether the checkpoint at ``path`` holds an implicit model (its members' names)."""
     try:
-        with np.load(path, allow_pickle=False) as data:
+        with open_npz(path) as data:
             return "model_w_seed" in data.files
     except (OSError, ValueError):
         return False  # load_checkpoint names what is wrong with the file

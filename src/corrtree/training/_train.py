@@ -15,6 +15,7 @@ import numpy as np
 from .. import _config
 from .._io import remove_stale_temporaries
 from .._threads import quiet_blas
+from .._validation import check_file_path
 from ..model import TwoLayerReLU
 from ._base import Trainer
 from ._calibrate import fixed_rate, scatter_cost
@@ -257,6 +258,7 @@ def train(
         "run_id": run_id or uuid.uuid4().hex,
     }
     if checkpoint is not None:
+        checkpoint = check_file_path("checkpoint", checkpoint)
         meta["data_digest"] = data_digest(X, Y)
         remove_stale_temporaries(checkpoint)
     rate = lr

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .._implicit import ImplicitWeights
-from .._io import atomic_savez, digest_of
+from .._io import atomic_savez, digest_of, open_npz
 from ..model import TwoLayerReLU
 from ._base import Trainer
 from ._registry import DEVICE_TRAINERS, TRAINERS
@@ -162,7 +162,7 @@ def load_checkpoint(
 
 def _open(path: str | os.PathLike):
     try:
-        return np.load(path, allow_pickle=False)
+        return open_npz(path)
     except FileNotFoundError:
         raise
     except (OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:
