@@ -109,10 +109,10 @@ def test_export_into_a_missing_folder_creates_it(tmp_path):
 
 
 def test_a_checkpoint_that_cannot_be_written_is_refused_before_the_first_step(tmp_path):
-    """A checkpoint path that is a folder, or lies under a file, is refused in one line
-    naming ``checkpoint`` before any step (not at the first save, after the work);
-    ``resume`` checks its ``checkpoint`` the same way.  A missing folder is fine: the
-    first save makes it."""
+    """A checkpoint path that is a folder, lies under a file, or holds a file that is not
+    a checkpoint is refused in one line naming ``checkpoint`` before any step (not at
+    the first save, after the work, or by replacing the file); ``resume`` checks its
+    ``checkpoint`` the same way.  A missing folder is fine: the first save makes it."""
     ds = ct.datasets.sphere(n=32, d=6, seed=0)
     X, y = ds.X_train, ds.y_train
     model = ct.TwoLayerReLU.init(d=6, m=64, seed=0)
@@ -137,6 +137,15 @@ def test_a_checkpoint_that_cannot_be_written_is_refused_before_the_first_step(tm
     ct.train(model, X, y, method="lazy", iters=2, checkpoint=good, checkpoint_every=1)
     with pytest.raises(ValueError, match=r"^checkpoint=.*: is a folder"):
         ct.resume(good, X, y, iters=3, checkpoint=tmp_path)
+    # a file that is not a checkpoint is never replaced; a checkpoint is
+    data = tmp_path / "data.csv"
+    data.write_text("1,2,3\n")
+    with pytest.raises(ValueError, match=r"^checkpoint=.*data\.csv' is a file that is not a"):
+        ct.train(model, X, y, method="lazy", iters=2, checkpoint=data, checkpoint_every=1)
+    with pytest.raises(ValueError, match=r"^checkpoint=.*data\.csv' is a file that is not a"):
+        ct.resume(good, X, y, iters=3, checkpoint=data)
+    assert data.read_text() == "1,2,3\n"
+    ct.train(model, X, y, method="lazy", iters=2, checkpoint=good, checkpoint_every=1)
     ct.resume(good, X, y, iters=3)  # the good one still resumes
 
 

@@ -18,7 +18,7 @@ from ._loop import Run
 from ._state import CheckpointError
 from ._train import calibrate_visits, run_steps, train
 from ._warmup import WARM_METHODS, Warmup, ensure
-from .checkpoint import FORMAT, load_checkpoint, read_manifest
+from .checkpoint import FORMAT, check_overwritable, load_checkpoint, read_manifest
 from .history import History
 from .losses import get_loss
 from .optim import SGD
@@ -71,6 +71,7 @@ def resume(
 
     if checkpoint is not None:
         checkpoint = check_file_path("checkpoint", checkpoint)
+        check_overwritable("checkpoint", checkpoint)
     remove_stale_temporaries(path)
     manifest = read_manifest(path, (FORMAT, SHARDED_FORMAT))
     if not isinstance(manifest.get("meta"), dict):

@@ -34,7 +34,7 @@ from ._loop import STOP_SIGNALS, Run, TrainingDiverged, check_divergence, check_
 from ._registry import DEVICE_TRAINERS, METHODS, TRAINERS
 from ._warmup import WARM_METHODS, Warmup, ensure
 from .band import BandTrainer
-from .checkpoint import data_digest, save_checkpoint
+from .checkpoint import check_overwritable, data_digest, save_checkpoint
 from .history import History
 from .losses import LOSSES, Loss, get_loss
 from .optim import SGD
@@ -259,6 +259,7 @@ def train(
     }
     if checkpoint is not None:
         checkpoint = check_file_path("checkpoint", checkpoint)
+        check_overwritable("checkpoint", checkpoint)
         meta["data_digest"] = data_digest(X, Y)
         remove_stale_temporaries(checkpoint)
     rate = lr

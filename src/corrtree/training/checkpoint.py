@@ -35,6 +35,7 @@ __all__ = [
     "FORMAT",
     "CheckpointError",
     "check_entries",
+    "check_overwritable",
     "data_digest",
     "digest_of",
     "load_checkpoint",
@@ -87,6 +88,27 @@ def save_checkpoint(
     manifest["digest"] = digest_of(manifest, arrays)
     atomic_savez(path, manifest=np.array(json.dumps(manifest)), **arrays)
     return str(manifest["digest"])
+
+
+def check_overwritable(name: str, path: str | os.PathLike) -> None:
+    """Refuse, in one line naming ``name``, a checkpoint path where a file that is not a
+    corrtree checkpoint (of any version or kind) stands: a run would replace it at its
+    first save (``checkpoint="data.csv"``).  Reads the manifest only; nothing there, or a
+    checkpoint, is fine."""
+    if not os.path.isfile(path):
+        return
+    fmt = None
+    try:
+        with open_npz(path) as data:
+            if "manifest" in data.files:
+                fmt = json.loads(str(data["manifest"])).get("format")
+    except (OSError, EOFError, ValueError, AttributeError, zipfile.BadZipFile):
+        pass
+    if not (isinstance(fmt, str) and fmt.startswith("corrtree.")):
+        raise ValueError(
+            f"{name}={str(path)!r} is a file that is not a corrtree checkpoint, which the "
+            "run would replace: give another path, or remove the file"
+        )
 
 
 def read_manifest(path: str | os.PathLike, formats: tuple[str, ...] = (FORMAT,)) -> dict[str, Any]:
