@@ -64,6 +64,27 @@ def test_resume_refuses_a_finished_run_and_a_checkpoint_of_another_run(tmp_path)
     assert (out / "model.npz").read_bytes() == newer
 
 
+def test_a_new_run_never_replaces_an_interrupted_one(tmp_path):
+    """A new run in the folder of an interrupted run (unfinished, with its checkpoint) is
+    refused in one line that names ``--resume``, and the folder stays as it was; once
+    that run is resumed to its end, a new run takes the folder."""
+    out = tmp_path / "x"
+    common = ["train", "--data", "breast_cancer", "--width", 128, "--method", "dense"]
+    common += ["--out", out, "--quiet"]
+    run(*common, "--iters", 4, "--checkpoint-every", 2)
+    state = json.loads((out / "run.json").read_text())
+    (out / "run.json").write_text(json.dumps({**state, "iters": 6, "finished": False}))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    proc = run(*common, "--iters", 3, "--seed", 3, check=False)
+    assert_one_line_error(proc, 1, f"--out {out} holds an interrupted run")
+    assert f"corrtree train --resume {out}" in proc.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    run("train", "--resume", out)
+    assert json.loads((out / "run.json").read_text())["finished"] is True
+    run(*common, "--iters", 3, "--seed", 3)  # a finished run's folder takes a new one
+    assert json.loads((out / "run.json").read_text())["seed"] == 3
+
+
 # -- 3. the CSV reader ------------------------------------------------------------------
 
 

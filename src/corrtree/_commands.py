@@ -21,12 +21,12 @@ from ._cli_data import CliError, accuracy_of, load_data, predict_inputs, trained
 from ._cli_parser import BUILTIN_DATA
 from ._io import atomic_write_json, atomic_write_text
 from ._progress import Progress
-from .distributed import WorkerLost
+from .distributed import SHARDED_FORMAT, WorkerLost
 from .model import TwoLayerReLU
 from .preprocessing import load_transform
 from .training import CheckpointError, History, TrainingDiverged, resume, train, warmup
 from .training._choice import check_device
-from .training.checkpoint import read_manifest
+from .training.checkpoint import FORMAT, read_manifest
 from .training.losses import get_loss
 from .training.optim import SGD
 
@@ -115,6 +115,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         return _resume(Path(args.resume), args.quiet, args.workers, args.scheduler, args.device)
     out = Path(args.out or f"corrtree-out/{Path(args.data).stem}")
+    _refuse_over_an_interrupted_run(out)
     run_id = uuid.uuid4().hex
     try:  # a signal once the folder is made says what it holds, whenever it comes
         return _new_run(args, output_dir(out, "--out"), run_id)
@@ -122,6 +123,25 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise _interrupted(exc, out, run_id) from None
     except WorkerLost as exc:
         raise _lost(exc, out) from None
+
+
+def _refuse_over_an_interrupted_run(out: Path) -> None:
+    """A new run in ``out`` would replace the ``run.json`` of an interrupted run there at
+    its first step, and its checkpoint at its first save: refused in one line while that
+    run can be resumed (unfinished, with its own checkpoint).  A finished run's folder,
+    or one whose checkpoint cannot be read, takes a new run."""
+    try:
+        run = json.loads((out / "run.json").read_text())
+        formats = (FORMAT, SHARDED_FORMAT)
+        saved = read_manifest(out / "checkpoint.npz", formats)["meta"].get("run_id")
+    except (OSError, ValueError, CheckpointError, AttributeError, KeyError, TypeError):
+        return
+    if isinstance(run, dict) and not run.get("finished") and saved == run.get("run_id"):
+        raise CliError(
+            f"--out {out} holds an interrupted run; continue it with: corrtree train "
+            f"--resume {out} (or give another --out; deleting {out / 'checkpoint.npz'} "
+            "starts over there)"
+        )
 
 
 def _new_run(args: argparse.Namespace, out: Path, run_id: str) -> int:
