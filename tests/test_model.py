@@ -97,6 +97,7 @@ def test_load_rejects_bad_files(tmp_path):
         ({"d": 2, "m": 0}, "m must be >= 1"),
         ({"d": 2, "m": 3, "outputs": 0}, "outputs must be >= 1"),
         ({"d": 2, "m": 3, "seed": 1.5}, "seed must be an integer"),
+        ({"d": 2, "m": 3, "seed": -1}, "seed must be an integer >= 0, got -1"),
         ({"d": 2, "m": 3, "b": float("nan")}, "b must be a finite"),
     ],
 )

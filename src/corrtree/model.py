@@ -144,8 +144,8 @@ class TwoLayerReLU:
         d = check_positive_int("d", d)
         m = check_positive_int("m", m)
         outputs = check_positive_int("outputs", outputs)
-        if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
-            raise ValueError(f"seed must be an integer, got {seed!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
         if not isinstance(implicit, bool | np.bool_):
             raise ValueError(f"implicit must be True or False, got {implicit!r}")
         if implicit and not 0 <= int(seed) < _philox.SEED_LIMIT:
