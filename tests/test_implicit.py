@@ -127,7 +127,9 @@ def test_implicit_model_interface(tmp_path):
         model.weights(1.5, 3)
     with pytest.raises(ValueError, match="set_weights: an implicit"):
         model.set_weights(W)
-    with pytest.raises(ValueError, match="seed must be in"):
+    with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*64\) for an implicit"):
+        ct.TwoLayerReLU.init(d=3, m=4, seed=2**64, implicit=True)
+    with pytest.raises(ValueError, match="seed must be an integer >= 0"):
         ct.TwoLayerReLU.init(d=3, m=4, seed=-1, implicit=True)
     with pytest.raises(ValueError, match="implicit must be"):
         ct.TwoLayerReLU.init(d=3, m=4, implicit="yes")
