@@ -1,5 +1,7 @@
-"""The kernel trainer's keys and clocks: when a neuron's certificate may expire, on
-the global clock ``P`` or on its own (``docs/design.md``, "The kernel trainer")."""
+"""Keys and clocks: every band trainer's keys of its tracked pairs from their values
+(:func:`set_keys`), and the kernel trainer's clocks, when a neuron's certificate may
+expire, on the global clock ``P`` or on its own (``docs/design.md``, "The kernel
+trainer")."""
 
 from __future__ import annotations
 
@@ -19,7 +21,16 @@ from ._pairs import (
 )
 from ._pool import BETA, CNT, DRIFT, KEY, MINKEY, NFIRE, SIGMA, SIGMA_UNKNOWN, START, SUPP
 
-__all__ = ["anchor_keys", "entry_key", "heap_key", "lookahead", "own_clocks", "sigma_of"]
+__all__ = [
+    "anchor_keys",
+    "entry_key",
+    "heap_key",
+    "lookahead",
+    "own_clocks",
+    "refresh_keys",
+    "set_keys",
+    "sigma_of",
+]
 
 _ROUND_UP = _config.ROUND_UP
 _U64 = _config.U64
@@ -157,3 +168,27 @@ def lookahead(after: float, before: float) -> float:
         return 0.0
     rho = after / before
     return rho / (1.0 - rho)
+
+
+@njit(cache=True)
+def set_keys(r, seg, nf, pool, xnorm, b, prefix):
+    """Keys of the tracked pairs of ``r`` outside its ever-fired prefix (with ``prefix``:
+    of all its pairs that do not fire), and their minimum, from current values (the
+    drift is ``nf[r, DRIFT]``)."""
+    ej, val, key, fire = pool.j, pool.val, pool.key, pool.fire
+    s0 = seg[r, START]
+    drift = nf[r, DRIFT]
+    best = np.inf
+    for q in range(s0 if prefix else s0 + seg[r, SUPP], s0 + seg[r, CNT]):
+        if fire[q]:
+            continue
+        key[q] = entry_key(drift, val[q], b, xnorm[ej[q]])
+        best = min(best, key[q])
+    nf[r, MINKEY] = best
+
+
+@njit(cache=True, parallel=True)
+def refresh_keys(rows, seg, nf, pool, xnorm, b, prefix=False):
+    """:func:`set_keys` for every neuron of ``rows``."""
+    for k in prange(rows.shape[0]):
+        set_keys(rows[k], seg, nf, pool, xnorm, b, prefix)

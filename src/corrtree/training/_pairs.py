@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import prange
 
 from .. import _config
 from .._jit import njit
@@ -49,9 +48,7 @@ __all__ = [
     "needs_reanchor",
     "prefetch_block",
     "prefetch_segment",
-    "refresh_keys",
     "safe_norm",
-    "set_keys",
     "sigma",
     "trace_sigma",
 ]
@@ -585,27 +582,3 @@ def evaluate_neuron(r, seg, nf, pool, scratch, a, E, err, G, X, xnorm, sc, dw, r
     if fpos > first:  # the fire set changed: σ_r is recomputed when next needed
         nf[r, SIGMA] = SIGMA_UNKNOWN
     return fpos, since_anchor, evaluated
-
-
-@njit(cache=True)
-def set_keys(r, seg, nf, pool, xnorm, b, prefix):
-    """Keys of the tracked pairs of ``r`` outside its ever-fired prefix (with ``prefix``:
-    of all its pairs that do not fire), and their minimum, from current values (the
-    drift is ``nf[r, DRIFT]``)."""
-    ej, val, key, fire = pool.j, pool.val, pool.key, pool.fire
-    s0 = seg[r, START]
-    drift = nf[r, DRIFT]
-    best = np.inf
-    for q in range(s0 if prefix else s0 + seg[r, SUPP], s0 + seg[r, CNT]):
-        if fire[q]:
-            continue
-        key[q] = entry_key(drift, val[q], b, xnorm[ej[q]])
-        best = min(best, key[q])
-    nf[r, MINKEY] = best
-
-
-@njit(cache=True, parallel=True)
-def refresh_keys(rows, seg, nf, pool, xnorm, b, prefix=False):
-    """:func:`set_keys` for every neuron of ``rows``."""
-    for k in prange(rows.shape[0]):
-        set_keys(rows[k], seg, nf, pool, xnorm, b, prefix)

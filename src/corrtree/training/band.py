@@ -19,6 +19,7 @@ from .._validation import available_memory
 from ._anchors import BandState
 from ._base import Trainer
 from ._calibrate import scatter_cost
+from ._clocks import refresh_keys
 from ._moves import evaluate_by_move, leave_moves, prefetch_moved
 from ._outputs import add_firing, coefficients, forward
 from ._pairs import (
@@ -28,7 +29,6 @@ from ._pairs import (
     needs_reanchor,
     prefetch_block,
     prefetch_segment,
-    refresh_keys,
 )
 from ._pool import (
     BETA,

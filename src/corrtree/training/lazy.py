@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 
 from .. import _config
+from ._clocks import refresh_keys
 from ._outputs import firing_sums, sum_parts
-from ._pairs import refresh_keys
 from ._pool import NFIRE
 from ._state import Field, Scalar, Schema, fail
 from .band import BAND_FIELDS, BAND_SCALARS, BandTrainer
