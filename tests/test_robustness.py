@@ -85,6 +85,22 @@ def test_a_new_run_never_replaces_an_interrupted_one(tmp_path):
     assert json.loads((out / "run.json").read_text())["seed"] == 3
 
 
+@pytest.mark.parametrize("shards", [None, 2])
+def test_an_interrupted_run_names_its_checkpoint_one_process_or_sharded(tmp_path, shards):
+    """The line of an interrupted run says it can be resumed when the folder's checkpoint
+    is its own, one-process or sharded (a sharded manifest is a checkpoint too), and
+    that nothing was saved for another run's id."""
+    ds = datasets.sphere(n=32, d=6, seed=0)
+    model = ct.TwoLayerReLU.init(d=6, m=64, seed=0)
+    ck = tmp_path / "checkpoint.npz"
+    ct.train(model, ds.X_train, ds.y_train, method="lazy", iters=2, checkpoint=ck,
+             checkpoint_every=1, run_id="abc", shards=shards)  # fmt: skip
+    said = str(_commands._interrupted(KeyboardInterrupt("stop"), tmp_path, "abc"))
+    assert f"continue with: corrtree train --resume {tmp_path}" in said
+    other = str(_commands._interrupted(KeyboardInterrupt("stop"), tmp_path, "xyz"))
+    assert "nothing was saved" in other
+
+
 # -- 3. the CSV reader ------------------------------------------------------------------
 
 

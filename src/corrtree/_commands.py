@@ -130,18 +130,28 @@ def _refuse_over_an_interrupted_run(out: Path) -> None:
     its first step, and its checkpoint at its first save: refused in one line while that
     run can be resumed (unfinished, with its own checkpoint).  A finished run's folder,
     or one whose checkpoint cannot be read, takes a new run."""
+    saved = _saved_run_id(out)
     try:
         run = json.loads((out / "run.json").read_text())
-        formats = (FORMAT, SHARDED_FORMAT)
-        saved = read_manifest(out / "checkpoint.npz", formats)["meta"].get("run_id")
-    except (OSError, ValueError, CheckpointError, AttributeError, KeyError, TypeError):
+    except (OSError, ValueError):
         return
-    if isinstance(run, dict) and not run.get("finished") and saved == run.get("run_id"):
+    if saved and isinstance(run, dict) and not run.get("finished") and saved == run.get("run_id"):
         raise CliError(
             f"--out {out} holds an interrupted run; continue it with: corrtree train "
             f"--resume {out} (or give another --out; deleting {out / 'checkpoint.npz'} "
             "starts over there)"
         )
+
+
+def _saved_run_id(out: Path) -> str | None:
+    """The run id in the manifest of ``out/checkpoint.npz`` (one process or sharded), or
+    ``None`` where there is no readable checkpoint."""
+    try:
+        manifest = read_manifest(out / "checkpoint.npz", (FORMAT, SHARDED_FORMAT))
+        run_id = manifest["meta"].get("run_id")
+    except (CheckpointError, OSError, KeyError, TypeError, AttributeError):
+        return None
+    return run_id if isinstance(run_id, str) else None
 
 
 def _new_run(args: argparse.Namespace, out: Path, run_id: str) -> int:
@@ -296,11 +306,7 @@ def _interrupted(exc: KeyboardInterrupt, out: Path, run_id: str | None) -> Keybo
     """The one line of an interrupted run: whether it left a checkpoint to resume from
     (the file's run id, not the message, decides: a second signal may have replaced
     the message that said so)."""
-    try:
-        saved = read_manifest(out / "checkpoint.npz")["meta"].get("run_id") == run_id
-    except (CheckpointError, OSError, KeyError, TypeError, AttributeError):
-        saved = False
-    if saved:
+    if run_id is not None and _saved_run_id(out) == run_id:
         said = str(exc) if "state saved" in str(exc) else "interrupted; state saved"
         return KeyboardInterrupt(f"{said}; continue with: corrtree train --resume {out}")
     return KeyboardInterrupt(
