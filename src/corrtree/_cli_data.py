@@ -14,7 +14,14 @@ from ._io import open_npz
 from .model import TwoLayerReLU
 from .preprocessing import InputTransform
 
-__all__ = ["CliError", "accuracy_of", "load_data", "predict_inputs", "trained_loss"]
+__all__ = [
+    "CliError",
+    "accuracy_of",
+    "load_data",
+    "positive_float",
+    "predict_inputs",
+    "trained_loss",
+]
 
 
 class CliError(Exception):
@@ -164,3 +171,14 @@ def predict_inputs(path: str, d: int, header: bool | None) -> tuple[np.ndarray, 
     if not np.isfinite(X).all():
         raise CliError(f"{path} contains NaN or infinite values")
     return X, None if y is None else y.astype(np.float64) if y.dtype.kind in "biuf" else y
+
+
+def positive_float(text: str, name: str) -> float:
+    """A flag's positive number (``--lr``, whose other value ``auto`` the caller takes)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise CliError(f"{name} must be 'auto' or a number, got {text!r}") from None
+    if not np.isfinite(v) or v <= 0:
+        raise CliError(f"{name} must be a positive number, got {text!r}")
+    return v

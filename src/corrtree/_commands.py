@@ -17,7 +17,14 @@ from typing import Any
 import numpy as np
 
 from . import __version__, _config, datasets, theory
-from ._cli_data import CliError, accuracy_of, load_data, predict_inputs, trained_loss
+from ._cli_data import (
+    CliError,
+    accuracy_of,
+    load_data,
+    positive_float,
+    predict_inputs,
+    trained_loss,
+)
 from ._cli_parser import BUILTIN_DATA
 from ._io import atomic_write_json, atomic_write_text
 from ._progress import Progress
@@ -219,7 +226,7 @@ def _flags_before_the_data(args: argparse.Namespace) -> str | float:
     against ``--epochs``, the optimizer's, and ``--device`` (there, and taking the
     method, in one process).  What needs the data (the memory a run takes, ``--loss``
     against the labels) is checked once it is loaded, still before any kernel runs."""
-    lr = "auto" if args.lr == "auto" else _positive_float(args.lr, "--lr")
+    lr = "auto" if args.lr == "auto" else positive_float(args.lr, "--lr")
     if args.iters is not None and args.epochs is not None:
         raise CliError("give --iters or --epochs, not both")
     SGD(
@@ -564,16 +571,6 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     print(result["summary"])
     print(f"wrote {args.out}/{args.name}.json, .png and .md")
     return 0
-
-
-def _positive_float(text: str, name: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise CliError(f"{name} must be 'auto' or a number, got {text!r}") from None
-    if not np.isfinite(v) or v <= 0:
-        raise CliError(f"{name} must be a positive number, got {text!r}")
-    return v
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
