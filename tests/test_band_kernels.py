@@ -196,10 +196,10 @@ def test_the_data_step_follows_an_evaluation_from_g(want_step):
 
 def test_pair_dots_are_the_products_of_the_pairs():
     rng = np.random.default_rng(4)
-    W, X = rng.standard_normal((10, 37)), rng.standard_normal((7, 37))
-    # point j gets j pairs (none, fewer than a group of four, groups and a remainder),
-    # in shuffled order, some neurons repeated
-    xj = rng.permutation(np.repeat(np.arange(7), np.arange(7)))
+    W, X = rng.standard_normal((10, 37)), rng.standard_normal((14, 37))
+    # point j gets j pairs (none, fewer than a group of four, groups of eight and of
+    # four and a remainder), in shuffled order, some neurons repeated
+    xj = rng.permutation(np.repeat(np.arange(14), np.arange(14)))
     wi = rng.integers(0, 10, xj.shape[0])
     out = np.full(xj.shape[0], np.nan)
     pair_dots(W, wi, X, xj, out)

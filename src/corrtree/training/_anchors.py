@@ -22,7 +22,7 @@ import math
 import time
 
 import numpy as np
-from numba import prange
+from numba import get_num_threads, prange
 
 from .. import _config
 from .._implicit import StoredWeights
@@ -34,6 +34,7 @@ from ._sparse import firing_csr
 __all__ = [
     "BandState",
     "count_candidates",
+    "dot_chunk",
     "float32_error",
     "pair_dots",
     "query_threshold",
@@ -188,10 +189,9 @@ def fill_new_anchors(U, rows, tau, leaf_err, seg, pool, b):
 @njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
 def pair_dots(W, wi, X, xj, out):
     """``out[p] = <W[wi[p]], X[xj[p]]>`` in float64, the pairs taken point by point
-    (a counting sort on ``xj``) and four of a point at a time, so each row of ``X``
-    is read once and each read of it serves four rows of ``W`` (from cache: a
-    caller's few).  O(p·d + n).  Reassociated (vectorized) sums: float64 accuracy
-    like any GEMM's."""
+    (a counting sort on ``xj``) and eight (then four) of a point at a time, so each row
+    of ``X`` is read once and each read of it serves eight rows of ``W``.  O(p·d + n).
+    Reassociated (vectorized) sums: float64 accuracy like any GEMM's."""
     n, d = X.shape
     start = np.zeros(n + 1, dtype=np.int64)
     for p in range(xj.shape[0]):
@@ -207,6 +207,25 @@ def pair_dots(W, wi, X, xj, out):
         hi = start[j]
         x = X[j]
         q = lo
+        while q + 8 <= hi:
+            p0, p1, p2, p3 = order[q], order[q + 1], order[q + 2], order[q + 3]
+            p4, p5, p6, p7 = order[q + 4], order[q + 5], order[q + 6], order[q + 7]
+            w0, w1, w2, w3 = W[wi[p0]], W[wi[p1]], W[wi[p2]], W[wi[p3]]
+            w4, w5, w6, w7 = W[wi[p4]], W[wi[p5]], W[wi[p6]], W[wi[p7]]
+            s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
+            for c in range(d):
+                xc = x[c]
+                s0 += w0[c] * xc
+                s1 += w1[c] * xc
+                s2 += w2[c] * xc
+                s3 += w3[c] * xc
+                s4 += w4[c] * xc
+                s5 += w5[c] * xc
+                s6 += w6[c] * xc
+                s7 += w7[c] * xc
+            out[p0], out[p1], out[p2], out[p3] = s0, s1, s2, s3
+            out[p4], out[p5], out[p6], out[p7] = s4, s5, s6, s7
+            q += 8
         while q + 4 <= hi:
             p0, p1, p2, p3 = order[q], order[q + 1], order[q + 2], order[q + 3]
             w0, w1, w2, w3 = W[wi[p0]], W[wi[p1]], W[wi[p2]], W[wi[p3]]
@@ -230,15 +249,25 @@ def pair_dots(W, wi, X, xj, out):
         lo = hi
 
 
+def dot_chunk(nr: int) -> int:
+    """Rows of :func:`pair_dots` a parallel run takes out of ``nr``:
+    :data:`~corrtree._config.DOT_ROWS`, fewer where that would leave a thread idle
+    (two runs a thread at least)."""
+    return max(1, min(_DOT_ROWS, -(-nr // (2 * get_num_threads()))))
+
+
 @njit(cache=True, parallel=True, fastmath={"reassoc", "contract"})
-def exact_entries_from_w(W, X, rows, seg, pool, offset):
+def exact_entries_from_w(W, X, rows, seg, pool, offset, step, floor):
     """Recompute ``uref`` and ``val`` of the entries of ``rows`` as float64 dot products,
-    :data:`~corrtree._config.DOT_ROWS` neurons at a time (:func:`pair_dots`); ``W[k]``
-    holds the weights of neuron ``offset + k``."""
+    ``step`` neurons at a time (:func:`pair_dots`; :func:`dot_chunk`); ``W[k]`` holds
+    the weights of neuron ``offset + k``.  With ``floor`` of shape ``(len(rows), 2)``
+    (not ``(0, 2)``), only the entries of ``rows[k]`` whose ``uref`` lies in
+    ``[floor[k, 0], floor[k, 1])``."""
     ej, uref, val = pool.j, pool.uref, pool.val
     nr = rows.shape[0]
-    for c in prange((nr + _DOT_ROWS - 1) // _DOT_ROWS):
-        lo, hi = c * _DOT_ROWS, min((c + 1) * _DOT_ROWS, nr)
+    every = floor.shape[0] == 0
+    for c in prange((nr + step - 1) // step):
+        lo, hi = c * step, min((c + 1) * step, nr)
         total = 0
         for k in range(lo, hi):
             total += seg[rows[k], CNT]
@@ -250,9 +279,10 @@ def exact_entries_from_w(W, X, rows, seg, pool, offset):
             for q in range(s0, s0 + seg[rows[k], CNT]):
                 wi[p] = rows[k] - offset
                 qs[p] = q
-                p += 1
+                p += every or (floor[k, 0] <= uref[q] < floor[k, 1])
+        total = p
         out = np.empty(total)
-        pair_dots(W, wi, X, ej[qs], out)
+        pair_dots(W, wi[:total], X, ej[qs[:total]], out)
         for p in range(total):
             uref[qs[p]] = out[p]
             val[qs[p]] = out[p]
@@ -279,6 +309,18 @@ def reorder_after_exact(rows, seg, pool, b):
             fire[q] = q < head
         seg[r, SUPP] = nfire
         seg[r, NFIRE] = nfire
+
+
+@njit(cache=True)
+def _windows(b, leaf_err, above):
+    """``(len(leaf_err), 2)`` windows of float32 values for :func:`exact_entries_from_w`:
+    at or above each row's :func:`query_threshold` of ``b`` (``above``: the entries that
+    may fire), or below it (those below ``b`` for certain)."""
+    out = np.empty((leaf_err.shape[0], 2))
+    for k in range(leaf_err.shape[0]):
+        thr = query_threshold(b, leaf_err[k])
+        out[k, 0], out[k, 1] = (thr, np.inf) if above else (-np.inf, thr)
+    return out
 
 
 class BandState:
@@ -308,6 +350,11 @@ class BandState:
         Precision of the initial GEMM.  With float32 every product within the
         float32 error bound ``γ_{d+2}·||w_r||·||x_j||`` of the band is
         recomputed in float64, so the entries are as exact as with float64.
+    defer_band : bool
+        After a float32 GEMM from stored weights, recompute in float64 only the
+        entries that fire or whose side of ``b`` the GEMM's error leaves in doubt; the
+        others (below ``b`` for certain) keep their float32 values, ``pending`` marks
+        their neurons, and :meth:`settle_band` must run before any of them is read.
 
     Notes
     -----
@@ -318,7 +365,13 @@ class BandState:
     per entry, plus ``8·n·m`` for float64 anchored rows.
     """
 
-    def __init__(self, W0, X, G, a, b, band, anchor_dtype="float64", gemm_dtype="float64"):
+    #: neurons whose band entries hold float32 values (``defer_band``), until
+    #: :meth:`settle_band`
+    pending: np.ndarray | None
+
+    def __init__(
+        self, W0, X, G, a, b, band, anchor_dtype="float64", gemm_dtype="float64", defer_band=False
+    ):
         self._bind(W0, X, G, a, b, band)
         m, n = self.m, self.n
         self.E = np.zeros((n, self.K))  # cumulative error Σ_{τ<t} err(τ)
@@ -328,7 +381,11 @@ class BandState:
         self.nf = np.zeros((m, 6))
         self.nf[:, SIGMA] = SIGMA_UNKNOWN  # computed where a bound first needs it
         self.pool = Pool(m * _config.POOL_ENTRIES_PER_NEURON)
-        self._anchor_all(np.dtype(gemm_dtype) == np.float32)
+        gemm32 = np.dtype(gemm_dtype) == np.float32
+        defer = defer_band and gemm32 and self.V is None and not self.w0.implicit
+        if defer:
+            self.pending = np.zeros(m, dtype=np.bool_)
+        self._anchor_all(gemm32)
 
     def _bind(self, W0, X, G, a, b, band) -> None:
         self.w0 = StoredWeights(W0) if isinstance(W0, np.ndarray) else W0
@@ -339,6 +396,9 @@ class BandState:
         self.R = float(self.xnorm.max())
         self._x32: np.ndarray | None = None
         self._buffers: dict[str, np.ndarray] = {}
+        self.pending = None
+        # the set-up's mean fire count, which scales the band widths (band_widths)
+        self.mean_fire = math.nan
         # the lazy trainer's moves since the anchors, (m, d) while it keeps them
         self.move = np.zeros((0, X.shape[1]))
 
@@ -430,7 +490,7 @@ class BandState:
             leaf_err = self.nf[s:e, LEAF_ERR]
             fires = fire_counts(U, self.b)
             if s == 0:  # the mean fire count of the first block sets the scale
-                mean_fire = max(1.0, float(fires.mean()))
+                mean_fire = self.mean_fire = max(1.0, float(fires.mean()))
             self.nf[s:e, BETA] = band_widths(fires, self.band, mean_fire)
             tau[: e - s] = self.b - self.nf[s:e, BETA]
             counts = count_candidates(U, tau[: e - s], leaf_err)
@@ -441,11 +501,57 @@ class BandState:
             fill_new_anchors(U, rows, tau[: e - s], leaf_err, self.seg, self.pool.arrays, self.b)
             t3 = clock()
             if gemm32:  # the float32 values only chose the entries: recompute them
-                exact_entries_from_w(W0, X, rows, self.seg, self.pool.arrays, s)
+                window = np.empty((0, 2))  # all of them, or (pending) those that may fire
+                if self.pending is not None:
+                    window = _windows(self.b, leaf_err, above=True)
+                    self.pending[s:e] = True
+                args = (self.seg, self.pool.arrays, s, dot_chunk(rows.shape[0]), window)
+                exact_entries_from_w(W0, X, rows, *args)
                 reorder_after_exact(rows, self.seg, self.pool.arrays, self.b)
             t4 = clock()
             for key, dt in zip(took, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
                 took[key] += dt
+
+    def settle_band(self, drop: bool) -> None:
+        """Make every entry exact again after a ``defer_band`` set-up: recompute the
+        float32 values of the pending neurons' band in float64 (:meth:`__init__`), or,
+        with ``drop``, keep only the entries of those that fire (``β_r = 0``: any move
+        re-anchors them, at their first visit, with the band :func:`band_widths` gives
+        their fire counts).  Exact either way; ``drop`` saves the band's dot products
+        where the first step re-anchors nearly every neuron anyway (the caller judges,
+        :meth:`~.kernel.KernelTrainer._start`).  O(d·pending entries), or O(m)."""
+        if self.pending is None:
+            return
+        rows = np.flatnonzero(self.pending)
+        if drop:
+            fire = rows[self.seg[rows, SUPP] > 0]
+            self.seg[fire, CNT] = self.seg[fire, SUPP]
+            self.nf[fire, BETA] = 0.0
+            self.pending[fire] = False
+        m, d = self.m, self.X.shape[1]
+        block = _config.block_rows(8 * d, m, _config.ANCHOR_BLOCK_BYTES)
+        for s in range(0, m, block):
+            e = min(s + block, m)
+            rows = s + np.flatnonzero(self.pending[s:e])
+            if rows.shape[0]:
+                window = _windows(self.b, self.nf[rows, LEAF_ERR], above=False)
+                args = (self.seg, self.pool.arrays, s, dot_chunk(rows.shape[0]), window)
+                exact_entries_from_w(self.w0.rows(s, e, None), self.X, rows, *args)
+        self.pending = None
+
+    def intended_widths(self, rows: np.ndarray) -> np.ndarray:
+        """The band half-widths ``rows`` are re-anchored with: ``nf[:, BETA]``, or, where
+        :meth:`settle_band` dropped their band (``β = 0``), :func:`band_widths` of their
+        fire counts (the set-up's scale; after a resume, that of the fire counts now)."""
+        beta = self.nf[rows, BETA]
+        zero = beta == 0.0
+        if zero.any():
+            mean = self.mean_fire
+            if math.isnan(mean):
+                fires = self.seg[:, NFIRE]
+                mean = max(1.0, float(fires[fires > 0].mean())) if fires.any() else 1.0
+            beta[zero] = band_widths(self.seg[rows[zero], NFIRE], self.band, mean)
+        return beta
 
     @property
     def nbytes(self) -> int:

@@ -89,6 +89,22 @@ def materialize(out, rows, X, seg, pool, a, E, eta_s):
         r = rows[k]
         q = seg[r, START]
         end = q + seg[r, SUPP]
+        while q + 8 <= end:  # eight pairs a pass: an eighth of the loads and stores of out
+            c0 = coef(q, r, kappa, fire, ej, a, E, eta_s)
+            c1 = coef(q + 1, r, kappa, fire, ej, a, E, eta_s)
+            c2 = coef(q + 2, r, kappa, fire, ej, a, E, eta_s)
+            c3 = coef(q + 3, r, kappa, fire, ej, a, E, eta_s)
+            c4 = coef(q + 4, r, kappa, fire, ej, a, E, eta_s)
+            c5 = coef(q + 5, r, kappa, fire, ej, a, E, eta_s)
+            c6 = coef(q + 6, r, kappa, fire, ej, a, E, eta_s)
+            c7 = coef(q + 7, r, kappa, fire, ej, a, E, eta_s)
+            j0, j1, j2, j3 = ej[q], ej[q + 1], ej[q + 2], ej[q + 3]
+            j4, j5, j6, j7 = ej[q + 4], ej[q + 5], ej[q + 6], ej[q + 7]
+            for i in range(d):
+                out[k, i] -= ((c0 * X[j0, i] + c1 * X[j1, i]) + (c2 * X[j2, i] + c3 * X[j3, i])) + (
+                    (c4 * X[j4, i] + c5 * X[j5, i]) + (c6 * X[j6, i] + c7 * X[j7, i])
+                )
+            q += 8
         while q + 4 <= end:  # four pairs a pass: a quarter of the loads and stores of out
             c0 = coef(q, r, kappa, fire, ej, a, E, eta_s)
             c1 = coef(q + 1, r, kappa, fire, ej, a, E, eta_s)

@@ -19,6 +19,7 @@ from .._threads import full_blas
 from ._anchors import (
     BandState,
     count_candidates,
+    dot_chunk,
     float32_error,
     pair_dots,
     query_threshold,
@@ -29,7 +30,6 @@ from ._pool import BETA, CAP, CNT, LEAF_ERR, NFIRE, SIGMA, SIGMA_UNKNOWN, START,
 
 __all__ = ["reanchor"]
 
-_DOT_ROWS = _config.DOT_ROWS
 _CHUNKS = _config.EVALUATE_CHUNKS
 _REBUILD_ROWS = _config.REBUILD_ROWS
 
@@ -73,10 +73,12 @@ def reanchor(
             st.V[part] = exact
         st.nf[part, LEAF_ERR] = leaf_err
         st.nf[part, SIGMA] = SIGMA_UNKNOWN  # the fire set is rebuilt
+        st.nf[part, BETA] = st.intended_widths(part)  # a dropped band (β = 0) widens again
         tau = st.b - st.nf[part, BETA]  # each neuron keeps its band half-width
         counts = count_candidates(leaves, tau, leaf_err)
         if leaves is not exact:
-            exact_where_read(part, w, st.X, exact, leaves, tau, leaf_err, st.seg, pool)
+            args = (tau, leaf_err, counts, st.seg, pool, dot_chunk(part.shape[0]))
+            exact_where_read(part, w, st.X, exact, leaves, *args)
         need = counts + ever_not_in_band(part, exact, st.seg, pool, tau)
         old = st.seg[part].copy()
         grow = need > old[:, CAP]
@@ -139,19 +141,23 @@ def gram_rows(rows, out, seg, pool, a, E, eta_s, G):
 
 
 @njit(cache=True, parallel=True, fastmath={"reassoc", "contract"})
-def exact_where_read(rows, w, X, exact, leaves, tau, leaf_err, seg, pool):
+def exact_where_read(rows, w, X, exact, leaves, tau, leaf_err, counts, seg, pool, step):
     """``exact[k, j] = <w_k, x_j>`` in float64 where the pool will read it: at the
     ever-fired pairs of ``r = rows[k]`` and where ``leaves[k]`` reaches ``tau[k]``
     (widened by ``leaf_err[k]``); the rest of ``exact`` is never read.  O(d) a
-    value, :data:`~corrtree._config.DOT_ROWS` rows at a time
-    (:func:`~._anchors.pair_dots`)."""
+    value, ``step`` rows at a time (:func:`~._anchors.pair_dots`, :func:`~._anchors.dot_chunk`);
+    ``counts[k]``: the products of ``leaves[k]`` at or above that threshold
+    (:func:`~._anchors.count_candidates`), which size the lists of pairs."""
     ej = pool.j
     n = X.shape[0]
     nr = rows.shape[0]
-    for c in prange((nr + _DOT_ROWS - 1) // _DOT_ROWS):
-        lo, hi = c * _DOT_ROWS, min((c + 1) * _DOT_ROWS, nr)
-        xj = np.empty((hi - lo) * n, dtype=np.int64)  # at most n points a row
-        wi = np.empty((hi - lo) * n, dtype=np.int64)
+    for c in prange((nr + step - 1) // step):
+        lo, hi = c * step, min((c + 1) * step, nr)
+        room = n  # the last row's scan writes up to n places past its kept points
+        for k in range(lo, hi):
+            room += counts[k] + seg[rows[k], SUPP]
+        xj = np.empty(room, dtype=np.int64)
+        wi = np.empty(room, dtype=np.int64)
         p = 0
         for k in range(lo, hi):
             r = rows[k]

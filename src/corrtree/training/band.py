@@ -364,7 +364,7 @@ class BandTrainer(Trainer):
             else float_kind("anchor_dtype", anchor_dtype)
         )
         self.store = st = BandState(
-            W0, self.X, self.G, self.a, self.b, band, anchor_dtype, gemm_dtype
+            W0, self.X, self.G, self.a, self.b, band, anchor_dtype, gemm_dtype, self._defers_band()
         )
         self.alpha = 1.0  # factor of W(0) in W(t) (weight decay, optim.py)
         self.u = forward(st.firing_neurons(), st.seg, st.pool.arrays, self.a, self.b, self.scale, n)
@@ -379,6 +379,12 @@ class BandTrainer(Trainer):
             setup_s=st.setup_s,
             implicit=st.w0.implicit,
         )
+
+    def _defers_band(self) -> bool:
+        """Whether the set-up leaves the band's float64 values to :meth:`_start`
+        (``BandState``'s ``defer_band``): only where the first step can be judged
+        there (:class:`~.kernel.KernelTrainer`)."""
+        return False
 
     def initial_fire_sets(self) -> tuple[np.ndarray, np.ndarray]:
         return self.store.firing_csr()

@@ -37,6 +37,7 @@ and ``H`` and the keys are left as they were.
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -53,7 +54,7 @@ from ._flips import (
 )
 from ._heap import pop_due, push_all
 from ._ntk import gemm_adds, ntk_matrix
-from ._pool import CNT, DRIFT, NFIRE, SUPP
+from ._pool import BETA, CNT, DRIFT, NFIRE, START, SUPP
 from ._principal import principal_parts
 from ._records import Drifts, VisitScalars
 from ._state import Field, Scalar, Schema, fail
@@ -87,7 +88,11 @@ class KernelTrainer(BandTrainer):
         (*BAND_SCALARS, Scalar("P", float, 0.0)),
     )
 
-    def _prepare(self, W0: np.ndarray, **options: Any) -> None:
+    def _prepare(self, W0: np.ndarray, _drop_band: bool | None = None, **options: Any) -> None:
+        """``_drop_band``: whether :meth:`_start` drops the set-up's band (for tests; by
+        default it judges, :meth:`_first_step_reanchors`); ``options``:
+        :class:`~.band.BandTrainer`'s."""
+        self._drop_band = _drop_band
         n, K = self.X.shape[0], self.a.shape[1]
         if not _config.ntk_fits(n, K):
             raise MemoryError(
@@ -183,10 +188,56 @@ class KernelTrainer(BandTrainer):
         args = (st.seg, st.nf, st.pool.arrays, self.G, st.xnorm, d, self._scalars())
         anchor_keys(rows, *args, self._drifts())
 
+    def _defers_band(self) -> bool:
+        # the first step's errors need the whole network's outputs: not a shard's share
+        return self.width == self.m
+
+    def _first_step_reanchors(self) -> float:
+        """The share of a sample of firing neurons (:data:`~corrtree._config.BAND_DROP_SAMPLE`,
+        evenly spaced) that full-batch gradient descent re-anchors at its first step: those
+        whose step ``Δw_r = η_s·Σ_l <a_r, err_l> x_l`` (over the points ``r`` fires on, the
+        errors of the outputs now) reaches their band with the steps like it still to
+        come, ``(1 + ahead)·||Δw_r||·R >= β_r`` (:func:`lookahead` of the errors after
+        the step, as :meth:`advance` judges them).  O(sample·d·|S_r| + (nK)²)."""
+        st = self.store
+        firing = np.flatnonzero(st.seg[:, SUPP] > 0)
+        if not firing.shape[0]:
+            return 0.0
+        size = min(firing.shape[0], _config.BAND_DROP_SAMPLE)
+        take = firing[np.linspace(0, firing.shape[0] - 1, size).astype(np.int64)]
+        err = self.loss.errors(self.u, self.Y)
+        after = self.u - self.lr * (self.H @ err.ravel()).reshape(self.u.shape)
+        ahead = lookahead(_norm(self.loss.errors(after, self.Y)), _norm(err))
+        ej = st.pool.arrays.j
+        past = 0
+        for r in take:
+            s0 = st.seg[r, START]
+            points = ej[s0 : s0 + st.seg[r, SUPP]]
+            move = (self.eta_s * (err[points] @ self.a[r])) @ self.X[points]
+            past += (1.0 + ahead) * float(np.linalg.norm(move)) * st.R >= st.nf[r, BETA]
+        return past / size
+
     def _start(self) -> None:
         """Every neuron gets its first key, once the learning rate sets the drift rate
-        (its clock, with own clocks: the heap stays empty)."""
+        (its clock, with own clocks: the heap stays empty).
+
+        A deferred band (``BandState``'s ``defer_band``) is settled first: dropped where
+        the first step moves at least :data:`~corrtree._config.BAND_DROP_SHARE` of the
+        firing neurons past it (:meth:`_first_step_reanchors`; W4's data: 98%), whose
+        re-anchoring then recomputes every value the band's float64 dot products would
+        have made; else its values are made now."""
         st = self.store
+        if st.pending is not None:
+            t0 = time.perf_counter()
+            drop = self._drop_band
+            if drop is None:
+                share = self._first_step_reanchors()
+                self.info["first_step_reanchors"] = share
+                drop = share >= _config.BAND_DROP_SHARE
+            st.settle_band(drop)
+            self.info["band_dropped"] = bool(drop)
+            st.setup_s["settle"] = time.perf_counter() - t0
+            self._count()
         every = np.arange(self.m)
         self._anchor_keys(every)
         self.clock[:] = st.nf[:, DRIFT]
